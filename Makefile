@@ -1,0 +1,32 @@
+# Two entry points, each self-sufficient on a fresh clone with only Python >= 3.10:
+#   make scenarios   the main job: the shipped scenario library in FULL mode, HTML + JSON reports
+#   make test        the whole test suite (harness tests and every shipped scenario)
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv scenarios test bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements-cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-cpu.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+scenarios: $(STAMP)
+	$(PY) -m pytest scenarios/ --mode=FULL -p no:cacheprovider \
+		--html=reports/scenarios.html --self-contained-html --json-report-path=reports/scenarios.json
+
+test: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -n 2 \
+		--html=reports/tests.html --self-contained-html --json-report-path=reports/tests.json
+
+bench: $(STAMP)
+	$(PY) benchmarks/engine.py
+
+clean:
+	rm -rf $(VENV) reports/*.html reports/*.json

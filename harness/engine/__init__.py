@@ -1,0 +1,78 @@
+"""Capture/replay engines behind one torch.npu-shaped API.
+
+``load(name)`` returns a namespace exposing the names the harness calls on ``torch.npu``
+(``NPUGraph``, ``graph``, ``graph_pool_handle``, the task-group functions, ``ExternalEvent``,
+``Stream``, ``current_stream``, ``stream``, ``synchronize``) plus a few read-outs for the checks
+(``stream_usage``, ``memory_report``). Backends:
+
+* ``emulated``: a faithful CPU emulator of ACL graph semantics (:mod:`.emulated`);
+* ``npu``: torch_npu on an Ascend device, imported only when selected (:mod:`.npu`);
+* ``cuda``: ``torch.cuda.CUDAGraph`` (:mod:`.cuda`), which cannot update host parameters.
+* ``auto``: npu if torch_npu imports and sees a device, else cuda if available, else emulated.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+from .errors import (
+    CaptureError,
+    EngineError,
+    GraphHangError,
+    StreamBudgetError,
+    TaskUpdateError,
+    UnsupportedOnBackend,
+)
+
+BACKENDS = ("emulated", "npu", "cuda", "auto")
+
+
+def npu_available() -> bool:
+    """True when torch_npu is installed and sees a device (never imports it otherwise)."""
+    if importlib.util.find_spec("torch_npu") is None:
+        return False
+    try:
+        import torch
+        import torch_npu  # noqa: F401
+
+        return bool(torch.npu.is_available())
+    except Exception:  # a broken CANN install is "no NPU", not a crash of the harness
+        return False
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve(name: str) -> str:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name != "auto":
+        return name
+    if npu_available():
+        return "npu"
+    if cuda_available():
+        return "cuda"
+    return "emulated"
+
+
+def load(name: str = "auto") -> ModuleType:
+    """Return the torch.npu-shaped namespace of backend ``name``."""
+    resolved = resolve(name)
+    if resolved == "emulated":
+        return importlib.import_module("harness.engine.emulated.api")
+    if resolved == "npu" and not npu_available():
+        raise UnsupportedOnBackend("backend 'npu' selected but torch_npu is not installed or sees no device")
+    if resolved == "cuda" and not cuda_available():
+        raise UnsupportedOnBackend("backend 'cuda' selected but torch.cuda is not available")
+    return importlib.import_module(f"harness.engine.{resolved}")
+
+
+__all__ = [
+    "BACKENDS", "CaptureError", "EngineError", "GraphHangError", "StreamBudgetError",
+    "TaskUpdateError", "UnsupportedOnBackend", "load", "resolve",
+]

@@ -1,0 +1,73 @@
+"""The emulated device: its streams, scheduler, graph pools and stream budget.
+
+One :class:`EmulatedDevice` stands for one NPU. The torch.npu-shaped functions in
+:mod:`.api` act on the current device, as ``torch.npu.*`` act on the current NPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import StreamBudgetError
+from .pool import PoolRegistry
+from .streams import Scheduler, Stream
+
+#: Namespaces whose ops are collectives: each communication group a graph uses needs streams.
+COMM_NAMESPACES = ("_c10d_functional", "c10d", "_c10d_functional_autograd")
+
+
+@dataclass
+class StreamConfig:
+    """How many device streams exist and how many a captured graph consumes.
+
+    ``per_comm_group`` follows the HCCL expansion mode: AIV needs one extra stream per
+    communication group, the default (FFTS+/AICPU) mode two (reference section 7).
+    """
+
+    pool_size: int = 2048
+    per_graph: int = 1
+    per_comm_group: int = 2
+
+
+@dataclass
+class StreamBudget:
+    config: StreamConfig = field(default_factory=StreamConfig)
+    held: dict[str, int] = field(default_factory=dict)  # graph name -> streams
+
+    @property
+    def in_use(self) -> int:
+        return sum(self.held.values())
+
+    def needed_for(self, comm_groups: int) -> int:
+        return self.config.per_graph + self.config.per_comm_group * comm_groups
+
+    def acquire(self, graph: str, needed: int) -> None:
+        if self.in_use + needed > self.config.pool_size:
+            raise StreamBudgetError(needed, self.in_use, self.config.pool_size, graph)
+        self.held[graph] = needed
+
+    def release(self, graph: str) -> None:
+        self.held.pop(graph, None)
+
+    def usage(self) -> dict[str, object]:
+        return {
+            "pool_size": self.config.pool_size,
+            "in_use": self.in_use,
+            "graphs": len(self.held),
+            "utilisation": self.in_use / self.config.pool_size,
+        }
+
+
+class EmulatedDevice:
+    def __init__(self, stream_config: StreamConfig | None = None) -> None:
+        self.scheduler = Scheduler()
+        self.default_stream = Stream(self.scheduler, "default")
+        self.capture_stream = Stream(self.scheduler, "capture")
+        self.current_stream = self.default_stream
+        self.pools = PoolRegistry()
+        self.budget = StreamBudget(stream_config or StreamConfig())
+        self.capturing = None  # the Capture in progress, if any
+        self.graph_count = 0
+
+    def new_stream(self, name: str | None = None) -> Stream:
+        return Stream(self.scheduler, name)

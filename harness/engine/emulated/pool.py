@@ -1,0 +1,120 @@
+"""Graph memory pools: where a capture's outputs and intermediates live.
+
+A real graph keeps every tensor it allocated during capture at a fixed address for as long as
+the graph exists. Graphs captured into one shared pool (vLLM captures every bucket into one,
+largest first) may reuse the blocks of earlier graphs that only held intermediates, because
+replays never run concurrently; blocks that still back a tensor the caller holds (a graph's
+outputs) are never handed out again. This module models exactly that, and counts the bytes
+each graph and each pool hold.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+_pool_ids = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class PoolHandle:
+    """Opaque handle returned by ``graph_pool_handle()`` and ``NPUGraph.pool()``."""
+
+    id: int
+
+
+def _poison(t: torch.Tensor) -> None:
+    """Fill fresh graph memory with values that cannot pass for real results."""
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).min)
+
+
+def _nbytes_for(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> int:
+    if any(s == 0 for s in size):
+        return 0
+    extent = 1 + sum((s - 1) * st for s, st in zip(size, stride))
+    return extent * torch.empty((), dtype=dtype).element_size()
+
+
+@dataclass(eq=False)
+class Block:
+    storage: torch.UntypedStorage
+    owner: str  # the graph that first allocated it
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage.nbytes()
+
+
+@dataclass(eq=False)
+class MemoryPool:
+    handle: PoolHandle
+    blocks: list[Block] = field(default_factory=list)
+    free: list[Block] = field(default_factory=list)  # intermediates of finished captures
+    graph_bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bytes_reserved(self) -> int:
+        return sum(b.nbytes for b in self.blocks)
+
+    def allocate(self, size, stride, dtype: torch.dtype, graph: str) -> tuple[torch.Tensor, Block]:
+        size, stride = tuple(size), tuple(stride)
+        need = _nbytes_for(size, stride, dtype)
+        block = self._take_free(need)
+        if block is None:
+            block = Block(torch.UntypedStorage(max(need, 1)), owner=graph)
+            self.blocks.append(block)
+        tensor = torch.empty(0, dtype=dtype).set_(block.storage, 0, size, stride)
+        _poison(tensor)
+        self.graph_bytes[graph] = self.graph_bytes.get(graph, 0) + block.nbytes
+        return tensor, block
+
+    def _take_free(self, need: int) -> Block | None:
+        fits = [b for b in self.free if b.nbytes >= need]
+        if not fits:
+            return None
+        best = min(fits, key=lambda b: b.nbytes)  # best fit, first of equals: deterministic
+        self.free.remove(best)
+        return best
+
+    def release(self, blocks: list[Block]) -> None:
+        """Offer blocks that back only graph-internal tensors to later captures."""
+        self.free.extend(b for b in blocks if b not in self.free)
+
+    def forget_graph(self, graph: str, blocks: list[Block]) -> None:
+        self.graph_bytes.pop(graph, None)
+        for b in blocks:
+            if b not in self.free:
+                self.free.append(b)
+
+
+class PoolRegistry:
+    def __init__(self) -> None:
+        self.pools: dict[int, MemoryPool] = {}
+
+    def new_handle(self) -> PoolHandle:
+        handle = PoolHandle(next(_pool_ids))
+        self.pools[handle.id] = MemoryPool(handle)
+        return handle
+
+    def get(self, handle: PoolHandle | None) -> MemoryPool:
+        if handle is None:
+            handle = self.new_handle()
+        if handle.id not in self.pools:
+            self.pools[handle.id] = MemoryPool(handle)
+        return self.pools[handle.id]
+
+    def report(self) -> dict[str, object]:
+        return {
+            f"pool{p.handle.id}": {
+                "bytes_reserved": p.bytes_reserved,
+                "graphs": dict(p.graph_bytes),
+            }
+            for p in self.pools.values()
+        }

@@ -1,0 +1,316 @@
+"""Capture: record the device work of a forward once, as a tape of nodes.
+
+A ``TorchDispatchMode`` sees every aten (and custom ``torch.library``) op below autograd. During
+a capture nothing is computed; each op becomes a node, and the tape is what a replay runs:
+
+* tensor arguments are kept by reference, i.e. bound by address: a replay reads their current
+  contents and writes in place, and rebinding a Python variable to another tensor changes
+  nothing, exactly as on hardware;
+* every other argument (ints, floats, lists such as ``actual_seq_lengths``) is deep-copied:
+  frozen at its capture-time value;
+* functional ops get outputs allocated from the graph's memory pool (shape inference on meta
+  tensors), filled with poison: they hold no valid data until the first replay;
+* ops that write their arguments (in-place, ``.out``) are not run: capture has no visible side
+  effect; replay runs them once each;
+* views are made now (they compute nothing) and skipped on replay, since they alias storage
+  that the replay fills in place;
+* host synchronisations (``.item()``, ``bool(t)``, ``torch.equal``, ``nonzero``, boolean-mask
+  indexing, ``.tolist()``, ``.numpy()``) raise :class:`CaptureError` with the runtime's message;
+  so do RNG ops unless the capture allows them.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Literal
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..errors import CAPTURE_SYNC_MESSAGE, CaptureError
+from .pool import Block, MemoryPool
+from .streams import ExternalEvent, WaitFor
+
+NodeKind = Literal["functional", "mutating", "view"]
+
+_BOOL_INDEX_OPS = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
+
+#: Ops whose host arguments a graph captured with ``auto_dispatch_capture=True`` may update.
+#: ``harness.ops`` registers the FIA op here; the engine knows nothing about attention.
+UPDATABLE_OPS: set[str] = set()
+
+
+def register_updatable_op(qualified_name: str) -> None:
+    """Mark an op (``"namespace::name"``) as updatable through ``NPUGraph.update``."""
+    UPDATABLE_OPS.add(qualified_name)
+
+
+@dataclass(eq=False)
+class OpNode:
+    index: int
+    func: torch._ops.OpOverload
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    kind: NodeKind
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    group: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.func._schema.name + ("." + self.func._overloadname if self.func._overloadname != "default" else "")
+
+    def replace_argument(self, name: str, value: Any) -> None:
+        """Replace one argument by its schema name (host values only: used by updates)."""
+        for position, arg in enumerate(self.func._schema.arguments):
+            if arg.name == name:
+                if position < len(self.args) and not arg.kwarg_only:
+                    self.args = self.args[:position] + (value,) + self.args[position + 1 :]
+                else:
+                    self.kwargs[name] = value
+                return
+        raise KeyError(f"{self.name} has no argument {name!r}")
+
+    def run(self) -> None:
+        if self.kind == "view":
+            return
+        result = self.func(*self.args, **self.kwargs)
+        if self.kind == "functional":
+            flat, _ = tree_flatten(result)
+            for captured, fresh in zip(self.outputs, flat):
+                captured.copy_(fresh)
+
+
+@dataclass(eq=False)
+class EventNode:
+    index: int
+    kind: Literal["wait", "record", "reset"]
+    event: ExternalEvent
+
+
+Node = OpNode | EventNode
+
+
+def _is_write(arg: torch._C.Argument) -> bool:
+    return arg.alias_info is not None and arg.alias_info.is_write
+
+
+def _frozen(value: Any) -> Any:
+    """Deep-copy everything but tensors: host values are frozen at capture time."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _frozen(v) for k, v in value.items()}
+    return copy.deepcopy(value)
+
+
+def _to_meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    return value
+
+
+class Capture:
+    """The tape being recorded for one graph, plus what it allocated."""
+
+    def __init__(self, graph_name: str, pool: MemoryPool, *, auto_dispatch: bool, allow_rng: bool,
+                 error_mode: str) -> None:
+        self.graph_name = graph_name
+        self.pool = pool
+        self.auto_dispatch = auto_dispatch
+        self.allow_rng = allow_rng
+        self.error_mode = error_mode
+        self.nodes: list[Node] = []
+        self.blocks: list[Block] = []
+        self.allocated: list[torch.Tensor] = []  # tensors made during capture (pool + views)
+        self.groups: dict[int, list[int]] = {}
+        self._open_group: int | None = None
+        self.failed: CaptureError | None = None
+        self.owner: Any = None  # weak reference to the graph being captured
+
+    # -- recording ---------------------------------------------------------------------------
+    def add_event_node(self, kind: str, event: ExternalEvent) -> None:
+        self.nodes.append(EventNode(len(self.nodes), kind, event))  # type: ignore[arg-type]
+
+    def begin_group(self) -> None:
+        if self._open_group is not None:
+            raise CaptureError("graph_task_group_begin: a task group is already open on this stream")
+        self._open_group = len(self.groups)
+        self.groups[self._open_group] = []
+
+    def end_group(self) -> int:
+        if self._open_group is None:
+            raise CaptureError("graph_task_group_end without graph_task_group_begin")
+        group, self._open_group = self._open_group, None
+        if not self.groups[group]:
+            raise CaptureError("graph_task_group_end: the task group recorded no operation")
+        return group
+
+    def host_sync(self, what: str) -> None:
+        """A host read of device data was attempted during capture."""
+        if self.error_mode == "relaxed":
+            return
+        error = CaptureError(f"{what}: {CAPTURE_SYNC_MESSAGE} (capture of {self.graph_name})")
+        self.failed = self.failed or error
+        raise error
+
+    def record(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+        schema = func._schema
+        tags = func.tags
+        if any(str(r.type) not in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns):
+            self.host_sync(f"{schema.name} returns a host value")
+        if torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags:
+            self.host_sync(f"{schema.name} has a data-dependent result")
+        if schema.name in _BOOL_INDEX_OPS and _has_bool_index(args):
+            self.host_sync(f"boolean-mask indexing ({schema.name})")
+        if torch.Tag.nondeterministic_seeded in tags and not self.allow_rng:
+            error = CaptureError(
+                f"{schema.name} draws random numbers inside the capture of {self.graph_name}; a real "
+                "graph must register the generator state (pass allow_rng=True to capture it)"
+            )
+            self.failed = self.failed or error
+            raise error
+
+        if torch.Tag.inplace_view in tags:  # metadata-only (t_, squeeze_): apply now, never again
+            return func(*args, **kwargs)
+
+        writes = [a for a in schema.arguments if _is_write(a)]
+        node = OpNode(len(self.nodes), func, _frozen(args), _frozen(kwargs), "functional")
+        if writes:
+            node.kind = "mutating"
+            result = self._aliased_returns(func, args, kwargs)
+        elif schema.returns and all(r.alias_info is not None for r in schema.returns):
+            node.kind = "view"
+            result = func(*args, **kwargs)
+            self.allocated.extend(t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor))
+        else:
+            result = self._allocate_outputs(func, args, kwargs)
+            node.outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+        self._add(node)
+        return result
+
+    def _add(self, node: OpNode) -> None:
+        if self._open_group is not None:
+            node.group = self._open_group
+        elif self.auto_dispatch and node.func._schema.name in UPDATABLE_OPS:
+            node.group = len(self.groups)
+            self.groups[node.group] = []
+        if node.group is not None:
+            self.groups[node.group].append(node.index)
+        self.nodes.append(node)
+
+    def _aliased_returns(self, func, args, kwargs) -> Any:
+        schema = func._schema
+        bound = dict(zip([a.name for a in schema.arguments], args))
+        bound.update(kwargs)
+        outs = []
+        for ret in schema.returns:
+            if ret.alias_info is None:
+                return self._allocate_outputs(func, args, kwargs)
+            source = next(a for a in schema.arguments if a.alias_info and a.alias_info.before_set == ret.alias_info.before_set)
+            outs.append(bound[source.name])
+        if not outs:
+            return None
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _allocate_outputs(self, func, args, kwargs) -> Any:
+        try:
+            shaped = func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+        except (NotImplementedError, RuntimeError):
+            shaped = func(*args, **kwargs)  # no meta kernel: the values are discarded below
+
+        def allocate(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            tensor, block = self.pool.allocate(t.shape, t.stride(), t.dtype, self.graph_name)
+            self.blocks.append(block)
+            self.allocated.append(tensor)
+            return tensor
+
+        return tree_map(allocate, shaped)
+
+    # -- end of capture ----------------------------------------------------------------------
+    def release_intermediates(self) -> None:
+        """Return blocks that back no tensor the caller still holds to the pool.
+
+        Reference counting decides liveness, as the caching allocator does: a tensor held only
+        by the tape is an intermediate; one the caller holds is an output and keeps its block.
+        """
+        internal: dict[int, int] = {}
+        for node in self.nodes:
+            if isinstance(node, OpNode):
+                for t in tree_flatten((node.args, node.kwargs, node.outputs))[0]:
+                    if isinstance(t, torch.Tensor):
+                        internal[id(t)] = internal.get(id(t), 0) + 1
+        for t in self.allocated:
+            internal[id(t)] = internal.get(id(t), 0) + 1
+        live = set()
+        for t in self.allocated:
+            # getrefcount's own argument and the loop variable account for 2 references.
+            if sys.getrefcount(t) - 2 > internal[id(t)]:
+                live.add(t.untyped_storage().data_ptr())
+        self.pool.release([b for b in self.blocks if b.storage.data_ptr() not in live])
+
+
+def _has_bool_index(args: tuple) -> bool:
+    flat, _ = tree_flatten(args[1:])
+    return any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in flat)
+
+
+class CaptureMode(TorchDispatchMode):
+    """Routes every op issued while capturing into the :class:`Capture`."""
+
+    def __init__(self, capture: Capture) -> None:
+        super().__init__()
+        self.capture = capture
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self.capture.record(func, args, kwargs or {})
+
+
+def replay_steps(nodes: list[Node], label: str) -> Iterator[WaitFor]:
+    """The device side of a replay: run the tape, stopping at event waits."""
+    for node in nodes:
+        if isinstance(node, OpNode):
+            node.run()
+        elif node.kind == "wait":
+            if not node.event.is_recorded:
+                yield WaitFor(node.event, f"node #{node.index} ({_next_op(nodes, node.index)})")
+        elif node.kind == "reset":
+            node.event.is_recorded = False
+        else:
+            node.event.is_recorded = True
+
+
+def _next_op(nodes: list[Node], index: int) -> str:
+    for node in nodes[index + 1 :]:
+        if isinstance(node, OpNode) and node.kind != "view":
+            return f"before {node.name}"
+    return "at the end of the graph"
+
+
+def patch_host_reads(capture: Capture) -> Callable[[], None]:
+    """``.tolist()`` and ``.numpy()`` bypass the dispatcher; guard them while capturing."""
+    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
+
+    def guarded(name: str):
+        original = originals[name]
+
+        def method(self, *args, **kwargs):
+            capture.host_sync(f"Tensor.{name}()")
+            return original(self, *args, **kwargs)
+
+        return method
+
+    for name in originals:
+        setattr(torch.Tensor, name, guarded(name))
+
+    def restore() -> None:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+    return restore

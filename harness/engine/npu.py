@@ -1,0 +1,74 @@
+"""The NPU backend: torch_npu's graph API on an Ascend device.
+
+Importing this module imports torch_npu, so :func:`harness.engine.load` imports it only when
+the ``npu`` backend is selected (never install torch-npu where CANN is absent: it breaks
+``import torch``). The names are torch_npu's own; this module adds the read-outs the checks
+need and turns the runtime's stream-exhaustion error into :class:`StreamBudgetError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch_npu  # noqa: F401  (registers torch.npu)
+
+from .errors import STREAM_EXHAUSTED_CODE, StreamBudgetError
+
+name = "npu"
+device_type = "npu"
+supports_task_update = True
+bitwise_replay = False
+
+_graphs_alive: set[int] = set()
+_stream_pool_size = 2048
+
+
+class NPUGraph(torch.npu.NPUGraph):
+    def capture_end(self) -> None:
+        try:
+            super().capture_end()
+        except RuntimeError as error:
+            if str(STREAM_EXHAUSTED_CODE) in str(error) or "alloc sq cq fail" in str(error):
+                raise StreamBudgetError(1, len(_graphs_alive), _stream_pool_size, repr(self)) from error
+            raise
+        _graphs_alive.add(id(self))
+
+    def reset(self) -> None:
+        _graphs_alive.discard(id(self))
+        super().reset()
+
+
+graph = torch.npu.graph
+graph_pool_handle = torch.npu.graph_pool_handle
+graph_task_group_begin = torch.npu.graph_task_group_begin
+graph_task_group_end = torch.npu.graph_task_group_end
+graph_task_update_begin = torch.npu.graph_task_update_begin
+graph_task_update_end = torch.npu.graph_task_update_end
+ExternalEvent = torch.npu.ExternalEvent
+Stream = torch.npu.Stream
+current_stream = torch.npu.current_stream
+stream = torch.npu.stream
+synchronize = torch.npu.synchronize
+
+
+def stream_usage() -> dict[str, Any]:
+    """Graphs held; the runtime does not expose its stream count, so 207008 is the authority."""
+    return {"pool_size": _stream_pool_size, "in_use": None, "graphs": len(_graphs_alive), "utilisation": 0.0}
+
+
+def memory_report() -> dict[str, Any]:
+    return {"device": {"bytes_reserved": torch.npu.memory_reserved()}}
+
+
+def device_name() -> str:
+    return torch.npu.get_device_name()
+
+
+def reset_device(stream_config=None) -> None:
+    torch.npu.synchronize()
+
+
+def configure_streams(pool_size: int = 2048, per_graph: int = 1, per_comm_group: int = 2) -> None:
+    global _stream_pool_size
+    _stream_pool_size = pool_size

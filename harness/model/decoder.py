@@ -1,0 +1,309 @@
+"""A small decoder LM over a paged KV cache, with attention injected by the caller.
+
+Per layer: RMSNorm -> q/k/v projections -> K/V written to the paged cache -> attention (the
+injected :data:`Attend`) -> o_proj -> residual add -> RMSNorm -> SiLU-gated MLP -> residual add.
+Token embedding plus a learned absolute-position embedding in front, final RMSNorm and LM head
+(float32 logits) at the end. No RoPE (positions enter only through the position embedding).
+
+The model holds no graph logic. The forward is cut into ``num_layers + 1`` **pieces** at the
+attention calls, so that a PIECEWISE runner can capture each piece and run attention eagerly in
+between; :meth:`DecoderLM.forward` is literally the composition of the pieces with ``attend``
+between them, so both paths run the same arithmetic (bitwise equal).
+
+Everything inside a piece is graph-safe: no host syncs (``.item()``, ``.tolist()``,
+``bool(tensor)``), no data-dependent shapes or boolean-mask indexing, no branching on tensor
+values, no RNG. Every op except attention works row by row, so a real token's result does not
+depend on how many padded rows follow it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from harness.model.config import ModelConfig
+from harness.model.kv_cache import PagedKVCache
+
+#: ``attend(layer_index, query [T, N, D], key_cache, value_cache) -> [T, N, D]``.
+Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
+
+HostList = Union[Sequence[int], Tensor]
+
+
+def attention_scale(config: ModelConfig) -> float:
+    """Softmax scale used by both model kinds: ``1 / sqrt(head_dim)``."""
+    return 1.0 / math.sqrt(config.head_dim)
+
+
+class RMSNorm(nn.Module):
+    """Row-wise RMSNorm computed in float32, cast back to the input dtype."""
+
+    def __init__(self, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()
+        var = x32.pow(2).mean(dim=-1, keepdim=True)
+        y = x32 * torch.rsqrt(var + self.eps)
+        return (y * self.weight.float()).to(x.dtype)
+
+
+def _linear(in_features: int, out_features: int) -> nn.Linear:
+    layer = nn.Linear(in_features, out_features, bias=False)
+    layer.weight.requires_grad_(False)
+    return layer
+
+
+class DecoderLayer(nn.Module):
+    """One decoder layer, split at attention into :meth:`pre_attention` / :meth:`post_attention`."""
+
+    def __init__(self, config: ModelConfig, index: int) -> None:
+        super().__init__()
+        h, n, nkv, d, m = (
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            config.mlp_size,
+        )
+        self.index = index
+        self.num_heads, self.num_kv_heads, self.head_dim = n, nkv, d
+        self.input_norm = RMSNorm(h, config.rms_norm_eps)
+        self.q_proj = _linear(h, n * d)
+        self.k_proj = _linear(h, nkv * d)
+        self.v_proj = _linear(h, nkv * d)
+        self.o_proj = _linear(n * d, h)
+        self.post_norm = RMSNorm(h, config.rms_norm_eps)
+        self.gate_proj = _linear(h, m)
+        self.up_proj = _linear(h, m)
+        self.down_proj = _linear(m, h)
+
+    def pre_attention(
+        self, residual: Tensor, slot_mapping: Tensor, kv_cache: PagedKVCache
+    ) -> Tensor:
+        """Norm, projections, K/V cache write; returns the query ``[T, N, D]``."""
+        t = residual.shape[0]
+        x = self.input_norm(residual)
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        kv_cache.write(self.index, k, v, slot_mapping)
+        return q
+
+    def post_attention(self, attn_out: Tensor, residual: Tensor) -> Tensor:
+        """o_proj + residual, then the MLP block + residual; returns the new residual."""
+        t = residual.shape[0]
+        h = residual + self.o_proj(attn_out.reshape(t, -1).to(residual.dtype))
+        x = self.post_norm(h)
+        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLM(nn.Module):
+    """Decoder LM (``config.kind`` "canary" or "random") with deterministic weights.
+
+    Weights come from ``config.seed`` through a local ``torch.Generator`` (the global RNG is
+    never touched) and are stored in ``config.torch_dtype``. Logits are float32.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, h)
+        self.embed_positions = nn.Embedding(config.max_model_len, h)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(h, config.rms_norm_eps)
+        self.lm_head = _linear(h, config.vocab_size)
+        for p in self.parameters():
+            p.requires_grad_(False)
+        self._load_initial_weights()
+        self.eval()
+
+    # ------------------------------------------------------------------ weights
+    def _load_initial_weights(self) -> None:
+        if self.config.kind == "canary":
+            from harness.model.canary import canary_state_dict
+
+            state = canary_state_dict(self.config)
+        else:
+            state = random_state_dict(self.config)
+        own = self.state_dict()
+        missing = set(own) - set(state)
+        extra = set(state) - set(own)
+        if missing or extra:  # pragma: no cover - internal consistency
+            raise RuntimeError(f"weight init mismatch: missing {missing}, extra {extra}")
+        dtype = self.config.torch_dtype
+        with torch.no_grad():
+            for name, tensor in own.items():
+                tensor.copy_(state[name].to(dtype))
+        self.to(dtype)
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    @property
+    def num_pieces(self) -> int:
+        """``num_layers + 1``: the PIECEWISE split."""
+        return self.config.num_layers + 1
+
+    @property
+    def attention_scale(self) -> float:
+        return attention_scale(self.config)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.config.torch_dtype
+
+    # ------------------------------------------------------------------ pieces
+    def piece(
+        self,
+        i: int,
+        inputs: tuple[Tensor, ...],
+        positions: Tensor,
+        slot_mapping: Tensor,
+        kv_cache: PagedKVCache,
+    ) -> tuple[Tensor, ...]:
+        """Piece ``i`` of the forward (``0 <= i <= num_layers``).
+
+        * piece 0: ``(input_ids,) -> (query_0, residual)`` (embeddings, layer 0 up to attention,
+          layer 0's K/V written);
+        * piece i in 1..L-1: ``(attn_out_{i-1}, residual) -> (query_i, residual)``;
+        * piece L: ``(attn_out_{L-1}, residual) -> (logits,)`` with float32 logits ``[T, vocab]``.
+
+        ``positions`` is used by piece 0 only; ``slot_mapping`` by pieces 0..L-1.
+        """
+        num_layers = self.config.num_layers
+        if not 0 <= i <= num_layers:
+            raise IndexError(f"piece index {i} outside 0..{num_layers}")
+        with torch.no_grad():
+            if i == 0:
+                (input_ids,) = inputs
+                residual = self.embed_tokens(input_ids) + self.embed_positions(positions)
+            else:
+                attn_out, residual = inputs
+                residual = self.layers[i - 1].post_attention(attn_out, residual)
+            if i == num_layers:
+                return (self.lm_head(self.norm(residual)).float(),)
+            query = self.layers[i].pre_attention(residual, slot_mapping, kv_cache)
+            return (query, residual)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        slot_mapping: Tensor,
+        kv_cache: PagedKVCache,
+        attend: Attend,
+    ) -> Tensor:
+        """Full forward: the pieces composed with ``attend`` between them; float32 logits."""
+        outs = self.piece(0, (input_ids,), positions, slot_mapping, kv_cache)
+        for layer in range(self.config.num_layers):
+            query, residual = outs
+            attn_out = attend(layer, query, kv_cache.key_cache[layer], kv_cache.value_cache[layer])
+            outs = self.piece(layer + 1, (attn_out, residual), positions, slot_mapping, kv_cache)
+        return outs[0]
+
+
+def random_state_dict(config: ModelConfig) -> dict[str, Tensor]:
+    """Seeded random float32 weights (local generator), small enough to stay finite in bf16."""
+    g = torch.Generator(device="cpu").manual_seed(config.seed)
+    h, n, nkv, d, m, v = (
+        config.hidden_size,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        config.mlp_size,
+        config.vocab_size,
+    )
+
+    def normal(*shape: int, std: float) -> Tensor:
+        return torch.randn(shape, generator=g, dtype=torch.float32) * std
+
+    def norm_weight() -> Tensor:
+        return 1.0 + normal(h, std=0.05)
+
+    state: dict[str, Tensor] = {
+        "embed_tokens.weight": normal(v, h, std=1.0),
+        "embed_positions.weight": normal(config.max_model_len, h, std=0.5),
+    }
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        state[p + "input_norm.weight"] = norm_weight()
+        state[p + "q_proj.weight"] = normal(n * d, h, std=1.0 / math.sqrt(h))
+        state[p + "k_proj.weight"] = normal(nkv * d, h, std=1.0 / math.sqrt(h))
+        state[p + "v_proj.weight"] = normal(nkv * d, h, std=1.0 / math.sqrt(h))
+        state[p + "o_proj.weight"] = normal(h, n * d, std=0.5 / math.sqrt(n * d))
+        state[p + "post_norm.weight"] = norm_weight()
+        state[p + "gate_proj.weight"] = normal(m, h, std=1.0 / math.sqrt(h))
+        state[p + "up_proj.weight"] = normal(m, h, std=1.0 / math.sqrt(h))
+        state[p + "down_proj.weight"] = normal(h, m, std=0.5 / math.sqrt(m))
+    state["norm.weight"] = norm_weight()
+    state["lm_head.weight"] = normal(v, h, std=1.0 / math.sqrt(h))
+    return state
+
+
+def build_model(config: ModelConfig, device: torch.device | str = "cpu") -> DecoderLM:
+    """A :class:`DecoderLM` for ``config`` (weights deterministic in ``config.seed``) on ``device``."""
+    return DecoderLM(config).to(device)
+
+
+def _host_list(values: HostList) -> list[int]:
+    if isinstance(values, Tensor):
+        return [int(x) for x in values.tolist()]
+    return [int(x) for x in values]
+
+
+def make_eager_attend(
+    config: ModelConfig,
+    actual_seq_lengths: HostList,
+    actual_seq_lengths_kv: HostList,
+    block_table: Tensor,
+    *,
+    scale: float | None = None,
+    fia: Callable[..., Any] | None = None,
+) -> Attend:
+    """The default eager :data:`Attend`: FIA, TND layout, causal (``sparse_mode=3``).
+
+    Args:
+        actual_seq_lengths: CUMULATIVE query lengths (last element = T under the strict contract).
+        actual_seq_lengths_kv: PER-REQUEST KV lengths (this step's tokens already in the cache).
+        block_table: int32 ``[B, max_blocks]``.
+        scale: softmax scale; default :func:`attention_scale` (``1/sqrt(head_dim)``).
+        fia: the op to call; default ``harness.ops.npu_fused_infer_attention_score``
+            (imported at call time). Tests may pass a stand-in with the same signature.
+
+    The host lists are read (copied to Python ints) at every call, so a caller that mutates the
+    list objects between steps is seen live.
+    """
+    softmax_scale = attention_scale(config) if scale is None else float(scale)
+
+    def attend(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
+        op = fia
+        if op is None:
+            from harness.ops import npu_fused_infer_attention_score as op
+        out, _ = op(
+            query,
+            key_cache,
+            value_cache,
+            actual_seq_lengths=_host_list(actual_seq_lengths),
+            actual_seq_lengths_kv=_host_list(actual_seq_lengths_kv),
+            block_table=block_table,
+            block_size=config.block_size,
+            num_heads=config.num_heads,
+            num_key_value_heads=config.num_kv_heads,
+            scale=softmax_scale,
+            input_layout="TND",
+            sparse_mode=3,
+            softmax_lse_flag=False,
+        )
+        return out
+
+    return attend

@@ -1,0 +1,61 @@
+"""The fused infer attention op (FIA): a CPU reference of torch_npu's
+``npu_fused_infer_attention_score``, its host-side contracts, and call observation.
+
+Modules, read in this order:
+
+* :mod:`harness.ops.contract` -- the host contracts (strict / relaxed / off) and the checks
+  that hold under every contract;
+* :mod:`harness.ops.observe` -- :class:`FiaCall` records, observers and tags;
+* :mod:`harness.ops.reference` -- the deterministic, batch-invariant attention math;
+* :mod:`harness.ops.library` -- the ``torch.ops.harness.*`` custom ops and fake kernels;
+* :mod:`harness.ops.fia` -- the wrappers (the "host tiling" step) that callers use.
+
+Importing this package registers the ops. It never imports torch_npu: the NPU engine installs
+the real op with :func:`set_native_impl`.
+"""
+
+from harness.ops.contract import (
+    FIA_CONTRACTS,
+    FIA_LAST_ELEMENT_CODE,
+    FiaArgumentError,
+    FiaContract,
+    FiaContractError,
+    bounds_violation,
+    check_fia_lengths,
+    current_fia_contract,
+    fia_contract,
+    shape_violation,
+)
+from harness.ops.fia import (
+    fia_device_metadata,
+    get_max_workspace,
+    get_native_impl,
+    npu_fused_infer_attention_score,
+    npu_fused_infer_attention_score_out,
+    set_native_impl,
+)
+from harness.ops.library import workspace_nbytes
+from harness.ops.observe import FiaCall, fia_call_tags, observe_fia_calls
+
+__all__ = [
+    "FIA_CONTRACTS",
+    "FIA_LAST_ELEMENT_CODE",
+    "FiaArgumentError",
+    "FiaCall",
+    "FiaContract",
+    "FiaContractError",
+    "bounds_violation",
+    "check_fia_lengths",
+    "current_fia_contract",
+    "fia_call_tags",
+    "fia_contract",
+    "fia_device_metadata",
+    "get_max_workspace",
+    "get_native_impl",
+    "npu_fused_infer_attention_score",
+    "npu_fused_infer_attention_score_out",
+    "observe_fia_calls",
+    "set_native_impl",
+    "shape_violation",
+    "workspace_nbytes",
+]

@@ -1,0 +1,210 @@
+"""Host-side contracts of the fused infer attention op (FIA).
+
+On Ascend, FIA's *host tiling* inspects the host lists ``actual_seq_lengths`` (cumulative
+query lengths) and ``actual_seq_lengths_kv`` (per-request KV lengths) before the kernel is
+launched. CANN today rejects a TND call unless the last cumulative length equals the query's
+token count T (error 561002). The harness evaluates that rule next to a proposed relaxed one,
+so the rule is a parameter here, not a constant:
+
+* ``"strict"``  (CANN today): ``actual_seq_lengths[-1] == T``.
+* ``"relaxed"`` (reference section 4 proposal): only ``actual_seq_lengths[-1] > T`` is an error
+  (it would read past the query); a smaller value is legal and the rows beyond it are padding.
+* ``"off"``: no last-element rule at all. The kernel still refuses to read out of bounds.
+
+Independently of the contract, some inputs are never acceptable (decreasing or negative
+lengths, mismatched list lengths, KV lengths beyond the block table, too few block-table
+rows, heads that do not divide). Those raise :class:`FiaArgumentError` whatever the contract.
+
+The default contract is held in a :class:`contextvars.ContextVar` so that a test or a thread
+that changes it with :func:`fia_contract` cannot leak the change to another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
+from typing import Literal, get_args
+
+FiaContract = Literal["strict", "relaxed", "off"]
+FIA_CONTRACTS: tuple[str, ...] = get_args(FiaContract)
+
+#: CANN's error code for the TND last-element rule (vLLM Ascend issue #9088).
+FIA_LAST_ELEMENT_CODE = 561002
+
+_CURRENT_CONTRACT: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "harness_fia_contract", default="strict"
+)
+
+
+class FiaContractError(RuntimeError):
+    """The host tiling refused the call under the active contract (the last-element rule).
+
+    ``code`` is CANN's error code; ``str(err)`` starts with it, as CANN's log line does.
+    """
+
+    def __init__(self, message: str, *, code: int = FIA_LAST_ELEMENT_CODE) -> None:
+        super().__init__(f"[{code}] {message}")
+        self.code = code
+
+
+class FiaArgumentError(ValueError):
+    """Inputs that no contract accepts; the message names the offending argument."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(f"{argument}: {message}")
+        self.argument = argument
+
+
+def current_fia_contract() -> FiaContract:
+    """The contract used when a wrapper is called with ``contract=None``."""
+    return _CURRENT_CONTRACT.get()  # type: ignore[return-value]
+
+
+def resolve_contract(contract: str | None) -> FiaContract:
+    """``None`` -> the current default; anything else must name a known contract."""
+    name = current_fia_contract() if contract is None else contract
+    if name not in FIA_CONTRACTS:
+        raise ValueError(f"unknown FIA contract {name!r}; expected one of {FIA_CONTRACTS}")
+    return name  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def fia_contract(name: FiaContract) -> Iterator[FiaContract]:
+    """Make ``name`` the default contract inside the ``with`` block (context-local)."""
+    token = _CURRENT_CONTRACT.set(resolve_contract(name))
+    try:
+        yield name
+    finally:
+        _CURRENT_CONTRACT.reset(token)
+
+
+def bounds_violation(
+    actual_seq_lengths: Sequence[int],
+    actual_seq_lengths_kv: Sequence[int],
+    block_table_shape: Sequence[int],
+    block_size: int,
+) -> tuple[str, str] | None:
+    """First contract-independent problem with the host lists, as ``(argument, message)``.
+
+    Shared by :func:`check_fia_lengths` (which raises :class:`FiaArgumentError`) and by the
+    reference kernel (which raises a plain ``RuntimeError`` rather than read garbage when it
+    is called directly, bypassing the wrapper).
+    """
+    q_cum = list(actual_seq_lengths)
+    kv = list(actual_seq_lengths_kv)
+    if len(q_cum) == 0:
+        return "actual_seq_lengths", "must hold at least one request"
+    if len(q_cum) != len(kv):
+        return (
+            "actual_seq_lengths_kv",
+            f"has {len(kv)} entries but actual_seq_lengths has {len(q_cum)} (one per request)",
+        )
+    for i, value in enumerate(q_cum):
+        if value < 0:
+            return "actual_seq_lengths", f"element {i} is negative ({value})"
+        if i > 0 and value < q_cum[i - 1]:
+            return (
+                "actual_seq_lengths",
+                f"is cumulative and must not decrease, but element {i} ({value}) "
+                f"< element {i - 1} ({q_cum[i - 1]})",
+            )
+    if len(block_table_shape) != 2:
+        return "block_table", f"must be 2-D [num_reqs, max_blocks], got shape {tuple(block_table_shape)}"
+    if block_size <= 0:
+        return "block_size", f"must be positive for paged KV, got {block_size}"
+    rows, max_blocks = int(block_table_shape[0]), int(block_table_shape[1])
+    if len(q_cum) > rows:
+        return "block_table", f"has {rows} rows but the call has {len(q_cum)} requests"
+    capacity = max_blocks * block_size
+    for i, value in enumerate(kv):
+        if value < 0:
+            return "actual_seq_lengths_kv", f"element {i} is negative ({value})"
+        if value > capacity:
+            return (
+                "actual_seq_lengths_kv",
+                f"element {i} ({value}) exceeds the block table's capacity "
+                f"({max_blocks} blocks x block_size {block_size} = {capacity})",
+            )
+    return None
+
+
+def check_fia_lengths(
+    T: int,
+    actual_seq_lengths: Sequence[int],
+    actual_seq_lengths_kv: Sequence[int],
+    block_table_shape: Sequence[int],
+    block_size: int,
+    contract: FiaContract | None = None,
+) -> None:
+    """Raise if the host tiling would refuse these lengths under ``contract``.
+
+    A pure function of host values (no tensor data is read), so it is legal during a graph
+    capture and reusable by the harness's checks to ask "would relaxed have accepted this?".
+
+    Raises:
+        FiaArgumentError: a contract-independent problem (see :func:`bounds_violation`).
+        FiaContractError: the last-element rule of ``contract`` is broken.
+    """
+    name = resolve_contract(contract)
+    problem = bounds_violation(actual_seq_lengths, actual_seq_lengths_kv, block_table_shape, block_size)
+    if problem is not None:
+        raise FiaArgumentError(*problem)
+    last = int(actual_seq_lengths[-1])
+    if name == "strict" and last != T:
+        raise FiaContractError(
+            f"When layout is TND, queryT({T}) must be equal to the last element of "
+            f"actualSequenceLengthQ({last})"
+        )
+    if name == "relaxed" and last > T:
+        raise FiaContractError(
+            f"When layout is TND, the last element of actualSequenceLengthQ({last}) must not "
+            f"exceed queryT({T}) (relaxed contract: a larger value reads past the query)"
+        )
+
+
+def shape_violation(
+    query_shape: Sequence[int],
+    key_shape: Sequence[int],
+    value_shape: Sequence[int],
+    *,
+    block_size: int,
+    num_heads: int,
+    num_key_value_heads: int,
+    input_layout: str = "TND",
+    sparse_mode: int = 0,
+) -> tuple[str, str] | None:
+    """First problem with the tensor shapes and head/layout arguments, as ``(argument, message)``.
+
+    Only shapes are read, so this runs on meta tensors too (it backs the fake kernels).
+    """
+    if input_layout != "TND":
+        return "input_layout", f"only 'TND' is supported by the harness, got {input_layout!r}"
+    if sparse_mode not in (0, 3):
+        return "sparse_mode", f"only 0 (no mask) and 3 (right-down causal) are supported, got {sparse_mode}"
+    if num_heads <= 0:
+        return "num_heads", f"must be positive, got {num_heads}"
+    if num_key_value_heads < 0:
+        return "num_key_value_heads", f"must be >= 0 (0 means num_heads), got {num_key_value_heads}"
+    kv_heads = num_key_value_heads or num_heads
+    if num_heads % kv_heads != 0:
+        return (
+            "num_key_value_heads",
+            f"num_heads ({num_heads}) must be divisible by num_key_value_heads ({kv_heads})",
+        )
+    if len(query_shape) != 3:
+        return "query", f"TND layout needs a 3-D query [T, N, D], got shape {tuple(query_shape)}"
+    if query_shape[1] != num_heads:
+        return "query", f"has {query_shape[1]} heads but num_heads is {num_heads}"
+    for name, shape in (("key", key_shape), ("value", value_shape)):
+        if len(shape) != 4:
+            return name, f"paged KV needs [num_blocks, block_size, num_kv_heads, D], got {tuple(shape)}"
+        if shape[1] != block_size:
+            return name, f"dim 1 ({shape[1]}) must equal block_size ({block_size})"
+        if shape[2] != kv_heads:
+            return name, f"has {shape[2]} KV heads but num_key_value_heads is {kv_heads}"
+    if key_shape[3] != query_shape[2]:
+        return "key", f"head dim {key_shape[3]} differs from the query's ({query_shape[2]})"
+    if tuple(key_shape[:3]) != tuple(value_shape[:3]):
+        return "value", f"shape {tuple(value_shape)} does not match key {tuple(key_shape)}"
+    return None

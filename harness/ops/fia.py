@@ -1,0 +1,347 @@
+"""The FIA wrappers: the "host tiling" step, where validation and observation happen.
+
+Call these, not ``torch.ops.harness.*`` directly. A wrapper runs on every path: in eager mode,
+during a graph capture (where a recorder runs only the op's fake kernel), and during a
+task-group update (where the engine intercepts the op call). So the wrapper is the one place
+that can (1) apply the host contract (:mod:`harness.ops.contract`), exactly as CANN's host
+tiling does before the kernel launch, and (2) record a :class:`~harness.ops.observe.FiaCall`
+for the harness's FIA-invariant check -- also for calls that raise.
+
+Each wrapper then makes exactly ONE op call, so a dispatch-mode recorder sees one node whose
+list arguments it can later replace. The wrappers read only shapes and host lists, never
+tensor data, so they are legal inside a capture.
+
+Backend dispatch: by default the op is the CPU reference in :mod:`harness.ops.library`. The
+NPU engine installs torch_npu's real op with :func:`set_native_impl`; this package never
+imports torch_npu. (The device-metadata variant has no native counterpart on Ascend.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from harness.ops import library as _library  # noqa: F401  (registers the ops)
+from harness.ops.contract import (
+    FiaArgumentError,
+    FiaContract,
+    check_fia_lengths,
+    resolve_contract,
+    shape_violation,
+)
+from harness.ops.observe import FiaCall, FiaCallKind, current_tags, record_fia_call
+
+NativeFn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class _NativeImpl:
+    functional: NativeFn | None = None
+    out: NativeFn | None = None
+    workspace: NativeFn | None = None
+
+
+# A process-wide backend choice (like torch's own backend registry), not per-test state:
+# the engine selects a backend once. Tests that set it must restore it.
+_native = _NativeImpl()
+
+
+def set_native_impl(
+    fn_functional: NativeFn | None,
+    fn_out: NativeFn | None,
+    fn_workspace: NativeFn | None = None,
+) -> None:
+    """Route the wrappers to a native op (e.g. torch_npu's); ``None`` restores the reference.
+
+    ``fn_functional(query, key, value, **kwargs)`` and ``fn_out(query, key, value, **kwargs,
+    workspace=..., out=[attention_out, softmax_lse])`` receive torch_npu's keyword names;
+    ``fn_workspace(query, key, value, **kwargs)`` is torch_npu's
+    ``_npu_fused_infer_attention_score_get_max_workspace``.
+    """
+    global _native
+    _native = _NativeImpl(fn_functional, fn_out, fn_workspace)
+
+
+def get_native_impl() -> tuple[NativeFn | None, NativeFn | None, NativeFn | None]:
+    """The installed ``(fn_functional, fn_out, fn_workspace)``; all ``None`` for the reference."""
+    return _native.functional, _native.out, _native.workspace
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _as_tuple(values: Sequence[int] | None) -> tuple[int, ...]:
+    return () if values is None else tuple(int(v) for v in values)
+
+
+def _validate(
+    contract: FiaContract,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    actual_seq_lengths: tuple[int, ...] | None,
+    actual_seq_lengths_kv: tuple[int, ...] | None,
+    block_table: Tensor | None,
+    block_size: int,
+    num_heads: int,
+    num_key_value_heads: int,
+    input_layout: str,
+    sparse_mode: int,
+) -> None:
+    """Everything the host tiling checks, under ``contract``. Raises on the first problem."""
+    problem = shape_violation(
+        query.shape, key.shape, value.shape, block_size=block_size, num_heads=num_heads,
+        num_key_value_heads=num_key_value_heads, input_layout=input_layout, sparse_mode=sparse_mode,
+    )
+    if problem is not None:
+        raise FiaArgumentError(*problem)
+    for name, given in (
+        ("actual_seq_lengths", actual_seq_lengths),
+        ("actual_seq_lengths_kv", actual_seq_lengths_kv),
+        ("block_table", block_table),
+    ):
+        if given is None:
+            raise FiaArgumentError(name, "is required for TND paged attention")
+    assert actual_seq_lengths is not None and actual_seq_lengths_kv is not None
+    assert block_table is not None
+    check_fia_lengths(
+        query.shape[0], actual_seq_lengths, actual_seq_lengths_kv, block_table.shape, block_size, contract
+    )
+
+
+def _accepts(contract: FiaContract, *args: Any) -> bool:
+    try:
+        _validate(contract, *args)
+    except (FiaArgumentError, RuntimeError):
+        return False
+    return True
+
+
+class _Observed:
+    """Context manager that records one :class:`FiaCall` on exit, with the error if any."""
+
+    def __init__(self, kind: FiaCallKind, T: int, q: tuple[int, ...], kv: tuple[int, ...],
+                 num_reqs: int, contract: str, strict_ok: bool, relaxed_ok: bool) -> None:
+        self._fields = dict(kind=kind, T=T, actual_seq_lengths=q, actual_seq_lengths_kv=kv,
+                            num_reqs=num_reqs, contract=contract, strict_ok=strict_ok,
+                            relaxed_ok=relaxed_ok)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:
+        error = None if exc is None else f"{type(exc).__name__}: {exc}"
+        record_fia_call(FiaCall(**self._fields, error=error, tags=current_tags()))  # type: ignore[arg-type]
+        return False
+
+
+def _host_tiling(
+    kind: FiaCallKind,
+    contract: FiaContract | None,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    actual_seq_lengths: Sequence[int] | None,
+    actual_seq_lengths_kv: Sequence[int] | None,
+    block_table: Tensor | None,
+    block_size: int,
+    num_heads: int,
+    num_key_value_heads: int,
+    input_layout: str,
+    sparse_mode: int,
+) -> tuple[_Observed, FiaContract, list[int] | None, list[int] | None]:
+    """Resolve the contract, evaluate strict/relaxed, and return the observer for the call.
+
+    Validation under the active contract runs inside the returned context, so its error is
+    recorded too. The lists are returned as plain ``list[int]`` copies for the op call.
+    """
+    name = resolve_contract(contract)
+    q = None if actual_seq_lengths is None else list(_as_tuple(actual_seq_lengths))
+    kv = None if actual_seq_lengths_kv is None else list(_as_tuple(actual_seq_lengths_kv))
+    args = (query, key, value, q, kv, block_table, block_size, num_heads, num_key_value_heads,
+            input_layout, sparse_mode)
+    observed = _Observed(
+        kind, int(query.shape[0]), _as_tuple(q), _as_tuple(kv), len(q or ()), name,
+        strict_ok=_accepts("strict", *args), relaxed_ok=_accepts("relaxed", *args),
+    )
+    return observed, name, q, kv
+
+
+# --------------------------------------------------------------------------- wrappers
+
+
+def npu_fused_infer_attention_score(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    actual_seq_lengths: Sequence[int] | None = None,
+    actual_seq_lengths_kv: Sequence[int] | None = None,
+    block_table: Tensor | None = None,
+    block_size: int = 0,
+    num_heads: int = 1,
+    num_key_value_heads: int = 0,
+    scale: float = 1.0,
+    input_layout: str = "TND",
+    sparse_mode: int = 0,
+    atten_mask: Tensor | None = None,
+    softmax_lse_flag: bool = False,
+    contract: FiaContract | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Functional FIA: returns ``(attention_out [T, N, Dv], softmax_lse)``.
+
+    ``softmax_lse`` is float32 ``[T, N, 1]`` with ``softmax_lse_flag``, else zeros ``[1]``.
+    ``contract=None`` uses the current default (:func:`harness.ops.contract.fia_contract`).
+    """
+    observed, name, q, kv = _host_tiling(
+        "functional", contract, query, key, value, actual_seq_lengths, actual_seq_lengths_kv,
+        block_table, block_size, num_heads, num_key_value_heads, input_layout, sparse_mode,
+    )
+    with observed:
+        _validate(name, query, key, value, q, kv, block_table, block_size, num_heads,
+                  num_key_value_heads, input_layout, sparse_mode)
+        kwargs = dict(
+            actual_seq_lengths=q, actual_seq_lengths_kv=kv, block_table=block_table,
+            block_size=block_size, num_heads=num_heads, num_key_value_heads=num_key_value_heads,
+            scale=scale, input_layout=input_layout, sparse_mode=sparse_mode,
+            atten_mask=atten_mask, softmax_lse_flag=softmax_lse_flag,
+        )
+        if _native.functional is not None:
+            return _native.functional(query, key, value, **kwargs)
+        return torch.ops.harness.npu_fused_infer_attention_score(query, key, value, **kwargs)
+
+
+def npu_fused_infer_attention_score_out(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    actual_seq_lengths: Sequence[int] | None = None,
+    actual_seq_lengths_kv: Sequence[int] | None = None,
+    block_table: Tensor | None = None,
+    block_size: int = 0,
+    num_heads: int = 1,
+    num_key_value_heads: int = 0,
+    scale: float = 1.0,
+    input_layout: str = "TND",
+    sparse_mode: int = 0,
+    atten_mask: Tensor | None = None,
+    softmax_lse_flag: bool = False,
+    workspace: Tensor,
+    out: Sequence[Tensor],
+    contract: FiaContract | None = None,
+) -> None:
+    """FIA writing into ``out = (attention_out, softmax_lse)`` (torch_npu's ``.out`` form).
+
+    The tensors keep their addresses; ``workspace`` comes from :func:`get_max_workspace`.
+    With ``softmax_lse_flag=False`` the given ``softmax_lse`` (any float32 shape) is zeroed.
+    """
+    observed, name, q, kv = _host_tiling(
+        "out", contract, query, key, value, actual_seq_lengths, actual_seq_lengths_kv,
+        block_table, block_size, num_heads, num_key_value_heads, input_layout, sparse_mode,
+    )
+    with observed:
+        if len(out) != 2:
+            raise FiaArgumentError("out", f"must be (attention_out, softmax_lse), got {len(out)} tensors")
+        _validate(name, query, key, value, q, kv, block_table, block_size, num_heads,
+                  num_key_value_heads, input_layout, sparse_mode)
+        kwargs = dict(
+            actual_seq_lengths=q, actual_seq_lengths_kv=kv, block_table=block_table,
+            block_size=block_size, num_heads=num_heads, num_key_value_heads=num_key_value_heads,
+            scale=scale, input_layout=input_layout, sparse_mode=sparse_mode,
+            atten_mask=atten_mask, softmax_lse_flag=softmax_lse_flag,
+        )
+        if _native.out is not None:
+            _native.out(query, key, value, **kwargs, workspace=workspace, out=list(out))
+            return
+        torch.ops.harness.npu_fused_infer_attention_score.out(
+            query, key, value, **kwargs,
+            workspace=workspace, attention_out=out[0], softmax_lse=out[1],
+        )
+
+
+def get_max_workspace(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    **kwargs: Any,
+) -> Tensor:
+    """A workspace for the ``.out`` form (torch_npu's ``_..._get_max_workspace``).
+
+    Takes the same keyword arguments as :func:`npu_fused_infer_attention_score` (``contract``
+    is ignored). The reference size is deterministic: ``workspace_nbytes(T, N)`` uint8 bytes.
+    """
+    kwargs.pop("contract", None)
+    if _native.workspace is not None:
+        return _native.workspace(query, key, value, **kwargs)
+    nbytes = _library.workspace_nbytes(query.shape[0], query.shape[1])
+    return torch.empty(nbytes, dtype=torch.uint8, device=query.device)
+
+
+def fia_device_metadata(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    query_start_loc: Tensor,
+    seq_lens_kv: Tensor,
+    block_table: Tensor,
+    *,
+    block_size: int,
+    num_heads: int,
+    num_key_value_heads: int,
+    scale: float,
+    max_num_reqs: int,
+    sparse_mode: int = 3,
+) -> tuple[Tensor, Tensor]:
+    """GPU-FlashAttention-style attention: bounds in device tensors, read at run time.
+
+    ``query_start_loc`` (int32, >= max_num_reqs + 1 entries, cumulative starts from 0) and
+    ``seq_lens_kv`` (int32, >= max_num_reqs) are NOT read here (that would be a host sync);
+    only their shapes and the host upper bound ``max_num_reqs`` are checked. Unused request
+    slots must have zero-length queries (repeat the last start). Returns
+    ``(attention_out [T, N, Dv], softmax_lse [T, N, 1] float32)``.
+    """
+    T = int(query.shape[0])
+    name = resolve_contract(None)
+
+    def host_checks() -> None:
+        problem = shape_violation(
+            query.shape, key.shape, value.shape, block_size=block_size, num_heads=num_heads,
+            num_key_value_heads=num_key_value_heads, sparse_mode=sparse_mode,
+        )
+        if problem is not None:
+            raise FiaArgumentError(*problem)
+        if max_num_reqs <= 0:
+            raise FiaArgumentError("max_num_reqs", f"must be positive, got {max_num_reqs}")
+        for arg, tensor, need in (
+            ("query_start_loc", query_start_loc, max_num_reqs + 1),
+            ("seq_lens_kv", seq_lens_kv, max_num_reqs),
+            ("block_table", block_table, max_num_reqs),
+        ):
+            if tensor.dtype != torch.int32:
+                raise FiaArgumentError(arg, f"must be int32, got {tensor.dtype}")
+            if tensor.dim() < 1 or tensor.shape[0] < need:
+                raise FiaArgumentError(
+                    arg, f"needs at least {need} rows for max_num_reqs={max_num_reqs}, "
+                    f"got shape {list(tensor.shape)}"
+                )
+        if block_table.dim() != 2:
+            raise FiaArgumentError("block_table", f"must be 2-D, got shape {list(block_table.shape)}")
+
+    try:
+        host_checks()
+        ok = True
+    except FiaArgumentError:
+        ok = False
+    observed = _Observed("device_metadata", T, (), (), max_num_reqs, name, ok, ok)
+    with observed:
+        host_checks()
+        return torch.ops.harness.fia_device_metadata(
+            query, key, value, query_start_loc, seq_lens_kv, block_table,
+            block_size=block_size, num_heads=num_heads, num_key_value_heads=num_key_value_heads,
+            scale=scale, max_num_reqs=max_num_reqs, sparse_mode=sparse_mode,
+        )

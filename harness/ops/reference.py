@@ -1,0 +1,142 @@
+"""CPU reference math for paged, TND-layout attention (the body of the FIA kernels).
+
+The harness compares eager runs with graph replays *bitwise*, so this code is written for
+determinism and batch invariance rather than speed:
+
+* requests are processed one at a time, each from fresh contiguous float32 copies, so a
+  request's rows depend only on its own query rows, KV length and blocks: the same request
+  gives the same bits whether it is alone, batched, or followed by padding;
+* everything is computed in float32 and cast back to the query dtype once.
+
+Conventions:
+
+* ``query`` is ``[T, N, D]``; ``key``/``value`` are paged caches
+  ``[num_blocks, block_size, num_kv_heads, D]``; ``block_table`` is int32 ``[B, max_blocks]``.
+* A request is a :class:`Span`: query rows ``[q_start, q_end)``, ``kv_len`` cached tokens
+  (the current step's tokens included), and its block-table row.
+* ``causal`` (sparse_mode 3, right-down): query row j (0-based within the request) of a request
+  with q rows and k KV tokens sees KV positions ``[0, k - q + j]``.
+* A row that sees no key at all (padding rows, q_len-0 or kv_len-0 requests, or causal windows
+  that are empty) gets output 0 and log-sum-exp ``-inf``. Outputs are never NaN.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class Span(NamedTuple):
+    """One request's slice of the packed query and where its KV lives."""
+
+    q_start: int
+    q_end: int
+    kv_len: int
+    block_row: int
+
+
+def spans_from_host_lists(cum_q: list[int], kv_lens: list[int]) -> list[Span]:
+    """Spans from FIA's host lists: cumulative query ends and per-request KV lengths."""
+    starts = [0] + cum_q[:-1]
+    return [Span(s, e, k, i) for i, (s, e, k) in enumerate(zip(starts, cum_q, kv_lens))]
+
+
+def spans_from_query_start_loc(query_start_loc: list[int], kv_lens: list[int]) -> list[Span]:
+    """Spans from the GPU-style metadata: ``query_start_loc`` [B+1] and KV lengths [B]."""
+    return [
+        Span(query_start_loc[i], query_start_loc[i + 1], kv_lens[i], i) for i in range(len(kv_lens))
+    ]
+
+
+def _fresh_float32(x: Tensor) -> Tensor:
+    """A float32 copy of ``x`` in a new, contiguous allocation.
+
+    Always a copy (never a view into a bigger buffer), so the math below sees the same
+    memory layout and alignment for a request wherever it sits in the batch.
+    """
+    fresh = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    fresh.copy_(x)
+    return fresh
+
+
+def _gather_kv(cache: Tensor, block_ids: Tensor, kv_len: int, block_size: int) -> Tensor:
+    """The first ``kv_len`` tokens of a request, as float32 ``[num_kv_heads, kv_len, D]``."""
+    num_blocks = -(-kv_len // block_size)
+    blocks = cache.index_select(0, block_ids[:num_blocks].to(torch.int64))
+    tokens = blocks.reshape(num_blocks * block_size, cache.shape[2], cache.shape[3])[:kv_len]
+    return _fresh_float32(tokens.transpose(0, 1))
+
+
+def attend_request(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    scale: float,
+    causal: bool,
+) -> tuple[Tensor, Tensor]:
+    """Attention of one request.
+
+    Args:
+        q: float32 ``[N, q_len, D]``; k, v: float32 ``[N_kv, kv_len, D]`` with ``N % N_kv == 0``.
+
+    Returns:
+        ``(out [N, q_len, Dv], lse [N, q_len])`` in float32; rows that see no key give 0/-inf.
+    """
+    num_heads, q_len, _ = q.shape
+    kv_len = k.shape[1]
+    group = num_heads // k.shape[0]
+    if group != 1:  # GQA: query head h reads KV head h // group
+        k = k.repeat_interleave(group, dim=0)
+        v = v.repeat_interleave(group, dim=0)
+    scores = torch.matmul(q, k.transpose(1, 2)) * scale
+    if causal:
+        last_visible = torch.arange(q_len).unsqueeze(1) + (kv_len - q_len)
+        hidden = torch.arange(kv_len).unsqueeze(0) > last_visible
+        scores = scores.masked_fill(hidden, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    weights = torch.exp(scores - row_max)
+    denom = weights.sum(dim=-1, keepdim=True)
+    seen = denom > 0
+    out = torch.matmul(weights, v) / torch.where(seen, denom, torch.ones_like(denom))
+    out = torch.where(seen, out, torch.zeros_like(out))
+    lse = (row_max + torch.log(denom)).squeeze(-1)  # log(0) = -inf for rows that see nothing
+    return out, lse
+
+
+def paged_attention_into(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    block_table: Tensor,
+    spans: list[Span],
+    *,
+    block_size: int,
+    scale: float,
+    causal: bool,
+    out: Tensor,
+    lse: Tensor | None,
+) -> None:
+    """Write attention of every span into ``out`` ``[T, N, Dv]`` (and ``lse`` ``[T, N, 1]``).
+
+    Rows not covered by a span (padding) are zero with lse ``-inf``. Bounds are the caller's
+    job (see :func:`harness.ops.contract.bounds_violation`).
+    """
+    out.zero_()
+    if lse is not None:
+        lse.fill_(float("-inf"))
+    for span in spans:
+        q_len = span.q_end - span.q_start
+        if q_len <= 0 or span.kv_len <= 0:
+            continue  # nothing to see: the zeros / -inf written above stand
+        q = _fresh_float32(query[span.q_start : span.q_end].transpose(0, 1))
+        block_ids = block_table[span.block_row]
+        k = _gather_kv(key, block_ids, span.kv_len, block_size)
+        v = _gather_kv(value, block_ids, span.kv_len, block_size)
+        o, s = attend_request(q, k, v, scale=scale, causal=causal)
+        out[span.q_start : span.q_end].copy_(o.transpose(0, 1))
+        if lse is not None:
+            lse[span.q_start : span.q_end, :, 0].copy_(s.transpose(0, 1))

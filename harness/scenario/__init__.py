@@ -1,0 +1,72 @@
+"""Scenarios as data: YAML -> validated :class:`Scenario` points (pydantic), matrix expansion.
+
+Pure: imports neither pytest nor torch. See docs/scenarios.md for the file format.
+"""
+
+from .errors import ScenarioError, ScenarioFileError, SourceLocation
+from .loader import (
+    ScenarioPoint,
+    apply_overrides,
+    load_scenario_file,
+    load_scenario_text,
+    modes_of,
+    parse_override,
+    render_id,
+    render_value,
+)
+from .schema import (
+    CHECK_NAMES,
+    GRAPH_MODES,
+    ConsistencyError,
+    CPFeature,
+    DPFeature,
+    EngineSpec,
+    Expect,
+    Features,
+    Fixes,
+    GraphSpec,
+    ModelSpec,
+    MTPFeature,
+    RequestSpec,
+    Scenario,
+    SPFeature,
+    StepEntry,
+    Tolerance,
+    Workload,
+    check_matrix_path,
+    export_json_schema,
+)
+
+__all__ = [
+    "CHECK_NAMES",
+    "GRAPH_MODES",
+    "ConsistencyError",
+    "CPFeature",
+    "DPFeature",
+    "EngineSpec",
+    "Expect",
+    "Features",
+    "Fixes",
+    "GraphSpec",
+    "ModelSpec",
+    "MTPFeature",
+    "RequestSpec",
+    "Scenario",
+    "ScenarioError",
+    "ScenarioFileError",
+    "ScenarioPoint",
+    "SourceLocation",
+    "SPFeature",
+    "StepEntry",
+    "Tolerance",
+    "Workload",
+    "apply_overrides",
+    "check_matrix_path",
+    "export_json_schema",
+    "load_scenario_file",
+    "load_scenario_text",
+    "modes_of",
+    "parse_override",
+    "render_id",
+    "render_value",
+]

@@ -1,0 +1,623 @@
+"""Load a scenario YAML file into validated matrix points, with errors located by line.
+
+Pipeline: compose the YAML into a node tree (keeps every node's line) and construct the plain
+data from it; validate the ``matrix``/``matrix_exclude`` part; expand the cross product of the
+axes (minus exclusions); for each point, copy the data, set each axis value at its dotted path,
+apply overrides, and validate a :class:`~harness.scenario.schema.Scenario`. Every pydantic error
+location is walked back through the node tree to a line. Errors of all points are collected,
+de-duplicated and raised together as one :class:`ScenarioFileError`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import itertools
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Iterable, Mapping, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ScenarioError, ScenarioFileError, SourceLocation
+from .schema import (
+    ConsistencyError,
+    Scenario,
+    _fmt_loc,
+    check_matrix_path,
+    exclude_issues,
+    matrix_issues,
+)
+
+__all__ = [
+    "ScenarioPoint",
+    "apply_overrides",
+    "load_scenario_file",
+    "load_scenario_text",
+    "modes_of",
+    "parse_override",
+    "render_id",
+    "render_value",
+]
+
+Loc = tuple[Any, ...]
+_MATRIX_KEYS = ("matrix", "matrix_exclude")
+
+
+# ----------------------------------------------------------------------------------------- points
+
+
+@dataclass(frozen=True)
+class ScenarioPoint:
+    """One runnable item: a scenario with every matrix axis fixed.
+
+    ``id``: ``""`` without a matrix, else the axis values rendered and joined by ``-``
+    (see :func:`render_id`). ``axes``: axis path -> value for this point (empty without a
+    matrix). ``scenario.matrix`` is None and ``scenario.matrix_exclude`` empty: they have been
+    applied. ``source``: the file and the line of the scenario (first key) or of ``matrix:``.
+    """
+
+    id: str
+    scenario: Scenario
+    axes: dict[str, Any] = field(default_factory=dict)
+    source: SourceLocation = field(default_factory=lambda: SourceLocation("<scenario>"))
+
+    @property
+    def name(self) -> str:
+        return self.scenario.name or ""
+
+    @property
+    def display_name(self) -> str:
+        """``name`` or ``name[id]`` (pytest style)."""
+        return f"{self.name}[{self.id}]" if self.id else self.name
+
+
+def modes_of(point: ScenarioPoint) -> str:
+    """The graph mode a point runs in (upper case, e.g. ``"FULL_DECODE_ONLY"``)."""
+    return point.scenario.graph.mode
+
+
+# ------------------------------------------------------------------------------------ overrides
+
+
+def _split(path: str) -> list[str]:
+    return path.split(".")
+
+
+def _set_path(data: dict, path: str, value: Any) -> bool:
+    """Set ``data[a][b][c] = value`` for ``path == "a.b.c"``, creating missing mappings.
+    Returns False (and leaves ``data`` unchanged) if an intermediate value is not a mapping."""
+    parts = _split(path)
+    cur = data
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        if nxt is None:
+            nxt = cur[part] = {}
+        if not isinstance(nxt, dict):
+            return False
+        cur = nxt
+    cur[parts[-1]] = copy.deepcopy(value)
+    return True
+
+
+def apply_overrides(scenario_dict: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict:
+    """A deep copy of ``scenario_dict`` with each dotted-path override set.
+
+    ``apply_overrides(raw, {"graph.mode": "FULL"})``. Raises :class:`ScenarioError` for a path
+    that does not exist in the schema or runs through a non-mapping value.
+    """
+    out = copy.deepcopy(dict(scenario_dict))
+    for key, value in overrides.items():
+        why = check_matrix_path(key)
+        if why:
+            raise ScenarioError(why.replace("unknown path", "unknown override path"), field=key)
+        if not _set_path(out, key, value):
+            raise ScenarioError(
+                f"cannot override {key!r}: a value on the way is not a mapping", field=key
+            )
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"graph.capture_sizes=[1, 2, 4]"`` -> ``("graph.capture_sizes", [1, 2, 4])``; the value
+    is parsed as YAML (so ``4`` is an int, ``full`` a string)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ScenarioError(f"override must look like 'path=value', got {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"override value is not valid YAML: {exc}", field=key.strip())
+    return key.strip(), value
+
+
+# ------------------------------------------------------------------------------------------- ids
+
+
+def render_value(value: Any, axis: str = "") -> str:
+    """Compact, ``-k``-friendly rendering of one axis value (see docs/scenarios.md)."""
+    seg = axis.rsplit(".", 1)[-1] if axis else ""
+    if isinstance(value, dict) and isinstance(value.get("_id"), str):
+        return value["_id"]
+    if isinstance(value, bool):
+        return seg if value and seg else ("no_" + seg if seg else str(value).lower())
+    if value is None:
+        return f"{seg}_default" if seg else "default"
+    if isinstance(value, (int, float)):
+        return f"{seg}{value}"
+    if isinstance(value, str):
+        return "_".join(value.split()) or "empty"
+    if isinstance(value, list):
+        return "x".join(render_value(v) for v in value) or "empty"
+    if isinstance(value, dict):
+        return "_".join(f"{k}{render_value(v)}" for k, v in value.items()) or "empty"
+    return str(value)
+
+
+def render_id(axes: Mapping[str, Any]) -> str:
+    """The id of a matrix point: each axis value rendered, in axis order, joined by ``-``."""
+    return "-".join(render_value(v, k) for k, v in axes.items())
+
+
+def _strip_ids(value: Any) -> Any:
+    if isinstance(value, dict) and "_id" in value:
+        return {k: v for k, v in value.items() if k != "_id"}
+    return value
+
+
+# ------------------------------------------------------------------------------------------ YAML
+
+
+class _Located:
+    """The composed YAML tree; maps a data location to a (line, key-or-value) anchor."""
+
+    def __init__(self, root: yaml.Node | None):
+        self.root = root
+
+    def walk(self, loc: Iterable[Any], start: yaml.Node | None = None):
+        """Follow ``loc`` from ``start`` (default root). Returns ``(node, key_node, matched)``:
+        the deepest node reached, the mapping key that led to it (or None) and how many parts
+        of ``loc`` were consumed."""
+        node = self.root if start is None else start
+        key_node = None
+        matched = 0
+        for part in loc:
+            if isinstance(node, yaml.MappingNode):
+                hit = None
+                for k, v in node.value:
+                    if isinstance(k, yaml.ScalarNode) and k.value == str(part):
+                        hit = (k, v)  # keep the last one: that is the value PyYAML keeps
+                if hit is None:
+                    break
+                key_node, node = hit
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+                if not 0 <= part < len(node.value):
+                    break
+                key_node, node = None, node.value[part]
+            else:
+                break
+            matched += 1
+        return node, key_node, matched
+
+    @staticmethod
+    def line_of(node, key_node, *, prefer_key: bool) -> int | None:
+        if node is None and key_node is None:
+            return None
+        if key_node is not None and (prefer_key or not isinstance(node, yaml.ScalarNode)):
+            return key_node.start_mark.line + 1
+        return node.start_mark.line + 1
+
+
+def _compose(text: str, path: str) -> tuple[yaml.Node | None, Any]:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        if node is None:
+            return None, None
+        loader = yaml.SafeLoader("")
+        try:
+            data = loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        msg = " ".join(p for p in (exc.context, exc.problem) if p) or str(exc)
+        raise ScenarioFileError(
+            [ScenarioError(f"YAML syntax error: {msg}", path=path, line=line)]
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ScenarioFileError(
+            [ScenarioError(f"YAML error: {exc}", path=path)]
+        ) from None
+    return node, data
+
+
+def _duplicate_keys(node: yaml.Node | None, loc: Loc = ()) -> list[tuple[Loc, int, str]]:
+    out: list[tuple[Loc, int, str]] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                if k.value in seen:
+                    out.append(
+                        (
+                            loc + (k.value,),
+                            k.start_mark.line + 1,
+                            f"duplicate key {k.value!r} (first at line {seen[k.value]})",
+                        )
+                    )
+                else:
+                    seen[k.value] = k.start_mark.line + 1
+            out.extend(_duplicate_keys(v, loc + (getattr(k, "value", "?"),)))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            out.extend(_duplicate_keys(v, loc + (i,)))
+    return out
+
+
+# ------------------------------------------------------------------------------- pydantic errors
+
+
+class _MatrixPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    matrix: dict[str, Annotated[list[Any], Field(min_length=1)]] | None = None
+    matrix_exclude: list[dict[str, Any]] = Field(default_factory=list)
+
+
+def _issues(exc: ValidationError) -> list[tuple[Loc, str, bool]]:
+    """Flatten a ValidationError into ``(loc, message, at_key)``."""
+    out: list[tuple[Loc, str, bool]] = []
+    for e in exc.errors():
+        loc = tuple(e["loc"])
+        err = (e.get("ctx") or {}).get("error")
+        if isinstance(err, ConsistencyError):
+            for rel, msg in err.issues:
+                out.append((loc + tuple(rel), msg, False))
+            continue
+        kind = e["type"]
+        msg = e["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        if kind == "extra_forbidden":
+            out.append((loc, f"unknown key {loc[-1]!r}", True))
+            continue
+        if kind == "missing":
+            out.append((loc, f"missing required key {loc[-1]!r}", False))
+            continue
+        val = e.get("input")
+        if kind != "value_error" and not isinstance(val, (dict, list)):
+            msg += f" (got {val!r})"
+        out.append((loc, msg, False))
+    return out
+
+
+def _unwrap(tp: Any) -> Any:
+    while True:
+        origin = get_origin(tp)
+        if origin is Annotated:
+            tp = get_args(tp)[0]
+        elif origin is Union or origin is types.UnionType:
+            args = [t for t in get_args(tp) if t is not type(None)]
+            if len(args) != 1:
+                return tp
+            tp = args[0]
+        else:
+            return tp
+
+
+def _type_at(loc: Loc, tp: Any = Scenario) -> Any:
+    """The annotation at ``loc`` inside the schema (None if it cannot be followed)."""
+    for part in loc:
+        tp = _unwrap(tp)
+        if isinstance(part, int) and get_origin(tp) is list:
+            tp = get_args(tp)[0]
+        elif isinstance(part, str) and isinstance(tp, type) and issubclass(tp, BaseModel):
+            if part not in tp.model_fields:
+                return None
+            tp = tp.model_fields[part].annotation
+        else:
+            return None
+    return _unwrap(tp)
+
+
+def _suggest(loc: Loc) -> str:
+    """' (did you mean ...?)' for an unknown key, from the fields of the model holding it."""
+    holder = _type_at(loc[:-1])
+    if not (isinstance(holder, type) and issubclass(holder, BaseModel)):
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(holder.model_fields), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ---------------------------------------------------------------------------------------- loading
+
+
+@dataclass
+class _Raw:
+    line: int | None
+    field: str
+    message: str
+    group: tuple  # what makes two errors "the same error"
+    expected: frozenset  # point indices where this error would be expected if not combination-bound
+
+
+def load_scenario_file(
+    path: str | Path, overrides: Mapping[str, Any] | None = None
+) -> list[ScenarioPoint]:
+    """Load one scenario file: one :class:`ScenarioPoint` per matrix point (one if no matrix).
+
+    ``overrides`` (dotted path -> value) are applied to every point after the matrix values;
+    an override of a matrix axis replaces that axis by the single override value.
+    Raises :class:`ScenarioFileError` listing every problem found.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioFileError([ScenarioError(f"cannot read: {exc}", path=str(path))]) from None
+    return load_scenario_text(text, path=str(path), overrides=overrides, stem=p.stem)
+
+
+def load_scenario_text(
+    text: str,
+    path: str = "<string>",
+    overrides: Mapping[str, Any] | None = None,
+    stem: str | None = None,
+) -> list[ScenarioPoint]:
+    """Like :func:`load_scenario_file`, from a string; ``stem`` is the default name."""
+    if stem is None:
+        stem = Path(path).stem if path and not path.startswith("<") else "scenario"
+    root, raw = _compose(text, path)
+    tree = _Located(root)
+    if raw is None:
+        raise ScenarioFileError([ScenarioError("the file is empty", path=path, line=1)])
+    if not isinstance(raw, dict):
+        raise ScenarioFileError(
+            [
+                ScenarioError(
+                    f"the top level must be a mapping of scenario fields, got "
+                    f"{type(raw).__name__}",
+                    path=path,
+                    line=root.start_mark.line + 1,
+                )
+            ]
+        )
+    errors: list[ScenarioError] = []
+    for loc, line, msg in _duplicate_keys(root):
+        errors.append(ScenarioError(msg, path=path, line=line, field=_fmt_loc(loc)))
+
+    overrides = dict(overrides or {})
+    bad = [
+        ScenarioError(f"override: {why}", path=path, field=key)
+        for key, why in ((k, check_matrix_path(k)) for k in overrides)
+        if why
+    ]
+    if bad:
+        raise ScenarioFileError(bad)
+
+    # --- the matrix part
+    matrix: dict[str, list[Any]] = {}
+    excludes: list[dict[str, Any]] = []
+    matrix_ok = True
+    try:
+        part = _MatrixPart.model_validate({k: raw[k] for k in _MATRIX_KEYS if k in raw})
+    except ValidationError as exc:
+        matrix_ok = False
+        for loc, msg, at_key in _issues(exc):
+            errors.append(_located(tree, path, loc, msg, at_key))
+        part = None
+    if part is not None:
+        issues = [(("matrix",) + loc, msg) for loc, msg in matrix_issues(part.matrix)]
+        if not issues:
+            issues += exclude_issues(part.matrix, part.matrix_exclude)
+        for loc, msg in issues:
+            # a bad axis path / exclude key points at the key; a duplicate value at the value
+            at_key = (loc[0] == "matrix" and len(loc) == 2) or (
+                loc[0] == "matrix_exclude" and len(loc) == 3
+            )
+            errors.append(_located(tree, path, loc, msg, at_key))
+        matrix_ok = not issues
+        matrix = dict(part.matrix or {})
+        excludes = list(part.matrix_exclude)
+    if not matrix_ok:
+        # expand only the first value of each usable axis, to still report the other errors
+        matrix = {
+            k: v[:1]
+            for k, v in (raw.get("matrix") or {}).items()
+            if isinstance(raw.get("matrix"), dict)
+            and isinstance(v, list)
+            and v
+            and check_matrix_path(k) is None
+        }
+        excludes = []
+
+    # overrides of an axis replace the axis by the single override value
+    for key, value in overrides.items():
+        if key in matrix:
+            matrix[key] = [value]
+            excludes = [
+                {k: v for k, v in ex.items() if k != key}
+                for ex in excludes
+                if key not in ex or ex[key] == value
+            ]
+
+    base = {k: v for k, v in raw.items() if k not in _MATRIX_KEYS}
+    if base.get("name") is None:
+        base["name"] = stem
+
+    # --- expand
+    axes_names = list(matrix)
+    combos: list[dict[str, Any]] = []
+    indices: list[tuple[int, ...]] = []
+    for idx in itertools.product(*(range(len(matrix[a])) for a in axes_names)):
+        axes = {a: matrix[a][i] for a, i in zip(axes_names, idx)}
+        if any(all(axes.get(k) == v for k, v in ex.items()) for ex in excludes):
+            continue
+        combos.append(axes)
+        indices.append(idx)
+    if axes_names and not combos and matrix_ok:
+        errors.append(
+            _located(tree, path, ("matrix_exclude",), "matrix_exclude removes every point", True)
+        )
+
+    ids = _unique_ids([render_id(a) for a in combos]) if axes_names else [""]  # for messages
+    if not axes_names:
+        combos, indices = [{}], [()]
+
+    root_line = root.start_mark.line + 1
+    matrix_line = tree.line_of(*tree.walk(("matrix",))[:2], prefer_key=True) if axes_names else None
+
+    points: list[ScenarioPoint] = []
+    point_index: list[int] = []
+    raws: list[tuple[int, _Raw]] = []
+    for n, (axes, idx) in enumerate(zip(combos, indices)):
+        data = copy.deepcopy(base)
+        for a, v in axes.items():
+            _set_path(data, a, _strip_ids(v))
+        for k, v in overrides.items():
+            _set_path(data, k, v)
+        try:
+            scenario = Scenario.model_validate(data)
+        except ValidationError as exc:
+            for loc, msg, at_key in _issues(exc):
+                raws.append(
+                    (n, _point_error(tree, loc, msg, at_key, axes_names, idx, indices, overrides))
+                )
+            continue
+        point_index.append(n)
+        points.append(
+            ScenarioPoint(
+                id="",
+                scenario=scenario,
+                axes={a: _strip_ids(v) for a, v in axes.items()},
+                source=SourceLocation(path, matrix_line if axes_names else root_line),
+            )
+        )
+
+    # --- group point errors: report each distinct error once
+    groups: dict[tuple, tuple[_Raw, set[int]]] = {}
+    for n, r in raws:
+        if r.group in groups:
+            groups[r.group][1].add(n)
+        else:
+            groups[r.group] = (r, {n})
+    ok_points = set(point_index)
+    for r, where in groups.values():
+        msg = r.message
+        # name the points only if the error is bound to a combination: a point that should
+        # show it (same axis value, or any point) validated cleanly. Points that failed for
+        # another reason may merely hide it (pydantic skips a model's cross-field checks
+        # once one of its fields is invalid).
+        if axes_names and (set(r.expected) - set(where)) & ok_points:
+            names = [ids[i] for i in sorted(where)]
+            shown = ", ".join(names[:4]) + (f", ... ({len(names)} points)" if len(names) > 4 else "")
+            msg += f" [matrix point{'s' if len(names) > 1 else ''} {shown}]"
+        errors.append(ScenarioError(msg, path=path, line=r.line, field=r.field))
+
+    if not errors and axes_names:
+        # ids from the validated values where they are scalars (``full`` -> ``FULL``)
+        final = _unique_ids(
+            [
+                render_id({a: _validated_value(p.scenario, a, v) for a, v in combos[n].items()})
+                for p, n in zip(points, point_index)
+            ]
+        )
+        points = [dataclasses.replace(p, id=i) for p, i in zip(points, final)]
+    if errors:
+        errors.sort(key=lambda e: (e.line if e.line is not None else 0))
+        raise ScenarioFileError(_dedupe(errors))
+    return points
+
+
+def _validated_value(scenario: Scenario, axis: str, raw: Any) -> Any:
+    """The validated value at ``axis`` if it is a scalar (normalised), else the raw value
+    (which keeps an ``_id``)."""
+    cur: Any = scenario
+    for part in _split(axis):
+        cur = getattr(cur, part, None)
+    if cur is None or isinstance(cur, (str, int, float, bool)):
+        return cur
+    return raw
+
+
+def _dedupe(errors: list[ScenarioError]) -> list[ScenarioError]:
+    seen: set[tuple] = set()
+    out = []
+    for e in errors:
+        key = (e.line, e.field, e.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+    return out
+
+
+def _unique_ids(ids: list[str]) -> list[str]:
+    counts: dict[str, int] = {}
+    for i in ids:
+        counts[i] = counts.get(i, 0) + 1
+    out, seen = [], {}
+    for i in ids:
+        if counts[i] > 1:
+            seen[i] = seen.get(i, 0) + 1
+            out.append(f"{i}_{seen[i]}")
+        else:
+            out.append(i)
+    return out
+
+
+def _located(tree: _Located, path: str, loc: Loc, msg: str, at_key: bool) -> ScenarioError:
+    node, key_node, matched = tree.walk(loc)
+    if at_key and matched < len(loc):
+        at_key = False  # the key itself is not in the file: point at its parent
+    if msg.startswith("unknown key"):
+        msg += _suggest(loc)
+    line = tree.line_of(node, key_node, prefer_key=at_key or matched < len(loc))
+    return ScenarioError(msg, path=path, line=line, field=_fmt_loc(loc))
+
+
+def _point_error(
+    tree: _Located,
+    loc: Loc,
+    msg: str,
+    at_key: bool,
+    axes_names: list[str],
+    idx: tuple[int, ...],
+    indices: list[tuple[int, ...]],
+    overrides: Mapping[str, Any],
+) -> _Raw:
+    """Locate an error of one matrix point: inside the matrix if ``loc`` runs through an axis,
+    else in the base document."""
+    if msg.startswith("unknown key"):
+        msg += _suggest(loc)
+    for pos, (a, i) in enumerate(zip(axes_names, idx)):
+        parts = tuple(_split(a))
+        if loc[: len(parts)] != parts:
+            continue
+        rest = loc[len(parts) :]
+        start, _, ok = tree.walk(("matrix", a, i))
+        if ok == 3:
+            node, key_node, matched = tree.walk(rest, start=start)
+        else:  # the axis value came from an override
+            node, key_node, matched = start, None, 0
+        if at_key and matched < len(rest):
+            at_key = False
+        line = tree.line_of(node, key_node, prefer_key=at_key or matched < len(rest))
+        fld = f"matrix.{a}[{i}]"
+        if rest:
+            fld += ("" if isinstance(rest[0], int) else ".") + _fmt_loc(rest)
+        same_value = frozenset(n for n, other in enumerate(indices) if other[pos] == i)
+        return _Raw(line, fld, msg, (line, fld, msg), same_value)
+    note = ""
+    for k, v in overrides.items():
+        parts = tuple(_split(k))
+        if loc[: len(parts)] == parts:
+            note = f" [override {k}={v!r}]"
+    node, key_node, matched = tree.walk(loc)
+    if at_key and matched < len(loc):
+        at_key = False
+    line = tree.line_of(node, key_node, prefer_key=at_key or matched < len(loc))
+    fld = _fmt_loc(loc)
+    return _Raw(line, fld, msg + note, (line, fld, msg + note), frozenset(range(len(indices))))

@@ -1,0 +1,601 @@
+"""The scenario schema: pydantic v2 models for one graph-mode scenario.
+
+Every model forbids unknown keys and validates strictly (YAML already gives native types:
+``"2"`` is not accepted for an int, ``true`` is not accepted for an int).
+
+Cross-field rules raise :class:`ConsistencyError`, a ``ValueError`` that carries a list of
+``(relative_loc, message)`` issues; the loader expands each issue into its own error pointing at
+the offending field. Used from plain Python, the same error reads as one message.
+
+``python -m harness.scenario.schema`` prints the JSON Schema.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    PlainValidator,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
+
+__all__ = [
+    "CHECK_NAMES",
+    "GRAPH_MODES",
+    "ConsistencyError",
+    "DPFeature",
+    "CPFeature",
+    "EngineSpec",
+    "Expect",
+    "Features",
+    "Fixes",
+    "GraphSpec",
+    "MTPFeature",
+    "ModelSpec",
+    "RequestSpec",
+    "SPFeature",
+    "Scenario",
+    "StepEntry",
+    "Tolerance",
+    "Workload",
+    "check_matrix_path",
+    "exclude_issues",
+    "matrix_issues",
+    "export_json_schema",
+]
+
+GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+CHECK_NAMES = ("fia_invariant", "equality", "stale_params", "stream_budget")
+
+GraphMode = Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+CheckName = Literal["fia_invariant", "equality", "stale_params", "stream_budget"]
+
+PosInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+NonNegFloat = Annotated[float, Field(ge=0.0)]
+
+Loc = tuple[Union[str, int], ...]
+
+
+class ConsistencyError(ValueError):
+    """A cross-field validation failure carrying one or more located issues.
+
+    ``issues`` is a list of ``(loc, message)``; ``loc`` is relative to the model whose validator
+    raised (pydantic reports the error at that model's location; the loader appends ``loc``).
+    """
+
+    def __init__(self, issues: list[tuple[Loc, str]]):
+        self.issues = list(issues)
+        super().__init__(
+            "; ".join(f"{_fmt_loc(loc)}: {msg}" if loc else msg for loc, msg in self.issues)
+        )
+
+
+def _fmt_loc(loc: Loc) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# ------------------------------------------------------------------------------------------ model
+
+
+class ModelSpec(_Base):
+    """The decoder LM under test (built by ``harness.model``)."""
+
+    kind: Literal["canary", "random"] = "canary"
+    layers: PosInt = 2
+    hidden_size: PosInt = 64
+    num_heads: PosInt = 4
+    num_kv_heads: PosInt = 2
+    head_dim: PosInt = 16
+    vocab_size: PosInt = 256
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    seed: NonNegInt = 0
+    block_size: PosInt = 16
+    num_blocks: PosInt = 128
+    max_model_len: PosInt = 512
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ModelSpec":
+        issues: list[tuple[Loc, str]] = []
+        if self.num_kv_heads > self.num_heads:
+            issues.append(
+                (
+                    ("num_kv_heads",),
+                    f"{self.num_kv_heads} KV heads exceed {self.num_heads} heads",
+                )
+            )
+        elif self.num_heads % self.num_kv_heads:
+            issues.append(
+                (
+                    ("num_kv_heads",),
+                    f"{self.num_heads} heads are not divisible by {self.num_kv_heads} KV heads",
+                )
+            )
+        if self.max_model_len > self.block_size * self.num_blocks:
+            issues.append(
+                (
+                    ("max_model_len",),
+                    f"max_model_len {self.max_model_len} does not fit the KV cache "
+                    f"({self.num_blocks} blocks x {self.block_size} = "
+                    f"{self.num_blocks * self.block_size} slots)",
+                )
+            )
+        if issues:
+            raise ConsistencyError(issues)
+        return self
+
+
+# ------------------------------------------------------------------------------------------ graph
+
+
+class GraphSpec(_Base):
+    """Graph-mode configuration (vLLM ``CompilationConfig`` / vLLM Ascend equivalents)."""
+
+    mode: GraphMode = "FULL"
+    capture_sizes: list[PosInt] | None = Field(
+        default=None,
+        description="Explicit capture sizes (deduplicated and sorted on load); "
+        "null = the platform default rule.",
+    )
+    max_num_seqs: PosInt = 8
+    num_speculative_tokens: NonNegInt = Field(
+        default=0, description="Kept equal to features.mtp.k (either may be given)."
+    )
+    platform: Literal["npu", "gpu"] = "npu"
+    max_capture_size: PosInt | None = Field(
+        default=None, description="User max capture size; null = the platform default max."
+    )
+    warmup_runs: NonNegInt = 1
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _normalise_mode(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            return v.strip().upper().replace("-", "_")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "GraphSpec":
+        issues: list[tuple[Loc, str]] = []
+        sizes = self.capture_sizes
+        if sizes is not None:
+            if not sizes:
+                issues.append(
+                    (
+                        ("capture_sizes",),
+                        "capture_sizes is an empty list; give at least one size, "
+                        "or null for the default rule",
+                    )
+                )
+            if self.max_capture_size is not None:
+                for i, s in enumerate(sizes):
+                    if s > self.max_capture_size:
+                        issues.append(
+                            (
+                                ("capture_sizes", i),
+                                f"capture size {s} is above max_capture_size "
+                                f"{self.max_capture_size}",
+                            )
+                        )
+        if issues:
+            raise ConsistencyError(issues)
+        if sizes is not None:
+            self.capture_sizes = sorted(set(sizes))
+        return self
+
+
+# --------------------------------------------------------------------------------------- workload
+
+
+class RequestSpec(_Base):
+    prompt_len: PosInt
+    output_len: PosInt
+    arrival_step: NonNegInt = 0
+    repeat: PosInt = Field(default=1, description="That many identical requests.")
+
+
+def _check_req(v: Any) -> Union[str, int]:
+    if isinstance(v, bool) or not isinstance(v, (str, int)) or v == "":
+        raise ValueError(f"req must be a request name (string) or number, got {v!r}")
+    return v
+
+
+ReqName = Annotated[
+    Union[str, int],
+    PlainValidator(_check_req),
+    WithJsonSchema({"anyOf": [{"type": "string", "minLength": 1}, {"type": "integer"}]}),
+]
+
+
+class StepEntry(_Base):
+    req: ReqName = Field(description="Request name or number.")
+    new_tokens: PosInt
+
+
+class Workload(_Base):
+    """Either ``requests`` (scheduled by the harness) or ``steps`` (explicit per-step batches)."""
+
+    requests: list[RequestSpec] | None = None
+    steps: list[Annotated[list[StepEntry], Field(min_length=1)]] | None = None
+    max_num_batched_tokens: PosInt = 512
+    prompt_seed: NonNegInt = 0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Workload":
+        issues: list[tuple[Loc, str]] = []
+        if self.requests is None and self.steps is None:
+            issues.append(((), "give exactly one of 'requests' or 'steps' (neither given)"))
+        elif self.requests is not None and self.steps is not None:
+            issues.append((("steps",), "give exactly one of 'requests' or 'steps', not both"))
+        for key in ("requests", "steps"):
+            val = getattr(self, key)
+            if val is not None and not val:
+                issues.append(((key,), f"'{key}' is an empty list"))
+        for i, step in enumerate(self.steps or []):
+            seen: set[str] = set()
+            tokens = 0
+            for j, entry in enumerate(step):
+                rk = str(entry.req)
+                if rk in seen:
+                    issues.append(
+                        (("steps", i, j, "req"), f"request {entry.req!r} appears twice in step {i}")
+                    )
+                seen.add(rk)
+                tokens += entry.new_tokens
+            if tokens > self.max_num_batched_tokens:
+                issues.append(
+                    (
+                        ("steps", i),
+                        f"step {i} schedules {tokens} tokens, above max_num_batched_tokens "
+                        f"{self.max_num_batched_tokens}",
+                    )
+                )
+        if issues:
+            raise ConsistencyError(issues)
+        return self
+
+
+# ------------------------------------------------------------------------------------ fixes, etc.
+
+
+class Fixes(_Base):
+    """Fixes in the pipeline under test; ``false`` switches a fix off (the buggy pipeline)."""
+
+    fia_padding: bool = Field(True, description="Dummy-request padding for the FIA check.")
+    host_param_update: bool = Field(
+        True, description="Per-layer task-group update of FIA host parameters after replay."
+    )
+    static_inputs: bool = Field(
+        True,
+        description="Copy inputs into the static buffers before replay "
+        "(false: write to a fresh tensor).",
+    )
+    sp_padding: bool = True
+    dp_sync: bool = True
+    drafter_unpadded: bool = True
+    cp_kv_padding: bool = True
+
+
+class SPFeature(_Base):
+    tp: PosInt = 1
+
+
+class DPFeature(_Base):
+    size: PosInt = 1
+    batches: Literal["equal", "unequal"] = "equal"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "DPFeature":
+        if self.batches == "unequal" and self.size < 2:
+            raise ConsistencyError(
+                [(("batches",), "'unequal' batches need dp size >= 2 (size is 1)")]
+            )
+        return self
+
+
+class MTPFeature(_Base):
+    k: NonNegInt = Field(0, description="Draft tokens per step; canonical spec-decode count.")
+
+
+class CPFeature(_Base):
+    size: PosInt = 1
+
+
+class Features(_Base):
+    sp: SPFeature = Field(default_factory=SPFeature)
+    dp: DPFeature = Field(default_factory=DPFeature)
+    mtp: MTPFeature = Field(default_factory=MTPFeature)
+    cp: CPFeature = Field(default_factory=CPFeature)
+
+
+class Tolerance(_Base):
+    atol: NonNegFloat = 0.0
+    rtol: NonNegFloat = 0.0
+
+
+class EngineSpec(_Base):
+    stream_pool: PosInt = 2048
+    streams_per_graph: PosInt = 1
+    budget_policy: Literal["legacy", "none"] = "none"
+    hccl_mode: Literal["AIV", "default"] = "default"
+
+
+class Expect(_Base):
+    """Expected outcome. YAML: ``pass`` | ``{fail: [checks], reason: ...}`` | ``{skip: reason}``."""
+
+    fail: list[CheckName] | None = None
+    skip: str | None = None
+    reason: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            if v.strip().lower() == "pass":
+                return {}
+            raise ValueError(
+                f"expect must be 'pass', {{fail: [checks]}} or {{skip: reason}}, got {v!r}"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Expect":
+        issues: list[tuple[Loc, str]] = []
+        if self.fail is not None and self.skip is not None:
+            issues.append((("skip",), "give 'fail' or 'skip', not both"))
+        if self.fail is not None:
+            if not self.fail:
+                issues.append((("fail",), "'fail' is empty: list the checks expected to fail"))
+            seen: set[str] = set()
+            for i, name in enumerate(self.fail):
+                if name in seen:
+                    issues.append((("fail", i), f"check {name!r} is listed twice"))
+                seen.add(name)
+        if self.skip is not None:
+            if not self.skip.strip():
+                issues.append((("skip",), "'skip' needs a reason"))
+            if self.reason:
+                issues.append((("reason",), "'reason' goes with 'fail'; for skip the value is the reason"))
+        if issues:
+            raise ConsistencyError(issues)
+        return self
+
+    @property
+    def outcome(self) -> Literal["pass", "fail", "skip"]:
+        if self.skip is not None:
+            return "skip"
+        if self.fail is not None:
+            return "fail"
+        return "pass"
+
+    @property
+    def failing_checks(self) -> frozenset[str]:
+        return frozenset(self.fail or ())
+
+    @classmethod
+    def __get_pydantic_json_schema__(
+        cls, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        obj = handler(schema)
+        return {"anyOf": [{"type": "string", "const": "pass"}, obj]}
+
+
+# ------------------------------------------------------------------------------------------ matrix
+
+
+_MATRIX_NOT_AXES = {"matrix", "matrix_exclude", "name"}
+
+
+def check_matrix_path(path: str) -> str | None:
+    """Return None if ``path`` is a dotted path into :class:`Scenario` usable as a matrix axis
+    or override, else a message saying why not."""
+    if not isinstance(path, str) or not path:
+        return "a matrix key must be a non-empty dotted path"
+    parts = path.split(".")
+    if parts[0] in _MATRIX_NOT_AXES:
+        return f"{parts[0]!r} cannot be a matrix axis"
+    cls: Any = Scenario
+    for i, part in enumerate(parts):
+        model = _model_of(cls)
+        if model is None:
+            done = ".".join(parts[:i])
+            return f"unknown path {path!r}: {done!r} has no sub-fields"
+        if part not in model.model_fields:
+            done = ".".join(parts[:i]) or "the scenario"
+            known = ", ".join(sorted(model.model_fields))
+            return f"unknown path {path!r}: {done} has no field {part!r} (fields: {known})"
+        cls = model.model_fields[part].annotation
+    return None
+
+
+def _model_of(tp: Any) -> type[BaseModel] | None:
+    """The BaseModel inside ``tp`` (plain, Optional[...] or Annotated[...]), else None."""
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return tp
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _model_of(get_args(tp)[0])
+    if origin is Union or str(origin) == "<class 'types.UnionType'>":
+        models = [m for m in (_model_of(a) for a in get_args(tp)) if m is not None]
+        if len(models) == 1:
+            return models[0]
+    return None
+
+
+def matrix_issues(matrix: dict[str, list[Any]] | None) -> list[tuple[Loc, str]]:
+    """Located problems with the matrix keys and values (relative to ``matrix``)."""
+    if not matrix:
+        return []
+    issues: list[tuple[Loc, str]] = []
+    for key, values in matrix.items():
+        why = check_matrix_path(key)
+        if why:
+            issues.append(((key,), why))
+            continue
+        seen: list[Any] = []
+        for i, val in enumerate(values):
+            if val in seen:
+                issues.append(((key, i), f"value {val!r} is listed twice for axis {key!r}"))
+            seen.append(val)
+    keys = sorted(matrix)
+    for a in keys:
+        for b in keys:
+            if a != b and b.startswith(a + "."):
+                issues.append(((b,), f"axis {b!r} overlaps axis {a!r}"))
+    return issues
+
+
+def exclude_issues(
+    matrix: dict[str, list[Any]] | None, exclude: list[dict[str, Any]]
+) -> list[tuple[Loc, str]]:
+    """Located problems with ``matrix_exclude`` (relative to the scenario root)."""
+    issues: list[tuple[Loc, str]] = []
+    if exclude and not matrix:
+        return [(("matrix_exclude",), "matrix_exclude needs a matrix")]
+    for i, entry in enumerate(exclude):
+        if not entry:
+            issues.append((("matrix_exclude", i), "an exclude entry must name at least one axis"))
+        for key, val in entry.items():
+            if key not in matrix:  # type: ignore[operator]
+                issues.append(
+                    (("matrix_exclude", i, key), f"{key!r} is not a matrix axis")
+                )
+            elif val not in matrix[key]:  # type: ignore[index]
+                issues.append(
+                    (
+                        ("matrix_exclude", i, key),
+                        f"{val!r} is not one of the values of axis {key!r}",
+                    )
+                )
+    return issues
+
+
+# -------------------------------------------------------------------------------------- scenario
+
+
+class Scenario(_Base):
+    """One scenario file (before matrix expansion) or one matrix point (after)."""
+
+    name: str | None = Field(None, description="Default: the file stem.")
+    description: str = ""
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    graph: GraphSpec = Field(default_factory=GraphSpec)
+    workload: Workload
+    fixes: Fixes = Field(default_factory=Fixes)
+    features: Features = Field(default_factory=Features)
+    fia_contract: Literal["strict", "relaxed"] = "strict"
+    tolerance: Tolerance | None = Field(
+        None, description="null = the backend default (bitwise on the emulator)."
+    )
+    steps: PosInt = Field(16, description="Maximum decode steps to run.")
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    expect: Expect = Field(default_factory=Expect)
+    matrix: dict[str, Annotated[list[Any], Field(min_length=1)]] | None = Field(
+        None,
+        description="Dotted path -> list of values; the cross product expands the file.",
+    )
+    matrix_exclude: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Points matching every key/value of any entry are dropped.",
+    )
+
+    @field_validator("matrix")
+    @classmethod
+    def _matrix_paths(cls, v: dict[str, list[Any]] | None) -> dict[str, list[Any]] | None:
+        issues = matrix_issues(v)
+        if issues:
+            raise ConsistencyError(issues)
+        return v
+
+    @model_validator(mode="after")
+    def _excludes(self) -> "Scenario":
+        issues = exclude_issues(self.matrix, self.matrix_exclude)
+        if issues:
+            raise ConsistencyError(issues)
+        return self
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Scenario":
+        issues: list[tuple[Loc, str]] = []
+        # features.mtp.k is canonical; graph.num_speculative_tokens mirrors it.
+        g_given = "num_speculative_tokens" in self.graph.model_fields_set
+        k_given = "k" in self.features.mtp.model_fields_set
+        g, k = self.graph.num_speculative_tokens, self.features.mtp.k
+        if g_given and k_given and g != k:
+            issues.append(
+                (
+                    ("graph", "num_speculative_tokens"),
+                    f"num_speculative_tokens {g} differs from features.mtp.k {k}",
+                )
+            )
+        elif g_given and not k_given:
+            self.features.mtp.k = g
+        elif k_given and not g_given:
+            self.graph.num_speculative_tokens = k
+        max_len = self.model.max_model_len
+        for i, r in enumerate(self.workload.requests or []):
+            if r.prompt_len + r.output_len > max_len:
+                issues.append(
+                    (
+                        ("workload", "requests", i),
+                        f"prompt_len {r.prompt_len} + output_len {r.output_len} = "
+                        f"{r.prompt_len + r.output_len} exceeds model.max_model_len {max_len}",
+                    )
+                )
+        if self.workload.steps:
+            totals: dict[str, int] = {}
+            for step in self.workload.steps:
+                for e in step:
+                    totals[str(e.req)] = totals.get(str(e.req), 0) + e.new_tokens
+            for req, total in totals.items():
+                if total > max_len:
+                    issues.append(
+                        (
+                            ("workload", "steps"),
+                            f"request {req!r} reaches {total} tokens, above model.max_model_len "
+                            f"{max_len}",
+                        )
+                    )
+        if issues:
+            raise ConsistencyError(issues)
+        return self
+
+    # conveniences for consumers
+    @property
+    def spec_tokens(self) -> int:
+        return self.features.mtp.k
+
+
+def export_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a scenario file (for editors and docs)."""
+    schema = Scenario.model_json_schema()
+    schema.setdefault("title", "graph-harness scenario")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    return schema
+
+
+def main() -> None:
+    print(json.dumps(export_json_schema(), indent=2, sort_keys=False))
+
+
+if __name__ == "__main__":
+    main()
