@@ -146,8 +146,11 @@ class ModelConfig:
                 f"canary: hidden_size ({self.hidden_size}) must be >= {need} "
                 f"(1 bias + {bits} position bits + {bits} per layer + >= 1 token channel)"
             )
-        if bits > 20:
-            raise ValueError("canary: position code wider than 20 bits is not supported")
+        if bits > 16:
+            raise ValueError(
+                f"canary: position code of {bits} bits (max(vocab_size, max_model_len) > 65536) "
+                "is not supported"
+            )
 
     # ----------------------------------------------------------------------------- derived
     @property

@@ -12,8 +12,9 @@ between them, so both paths run the same arithmetic (bitwise equal).
 
 Everything inside a piece is graph-safe: no host syncs (``.item()``, ``.tolist()``,
 ``bool(tensor)``), no data-dependent shapes or boolean-mask indexing, no branching on tensor
-values, no RNG. Every op except attention works row by row, so a real token's result does not
-depend on how many padded rows follow it.
+values, no RNG. Every op except attention works row by row, and projections use a batched
+one-row-per-element GEMM (:func:`row_linear`, float32 accumulate) rather than a plain GEMM, so
+a real token's result does not depend on how many padded rows follow it (bitwise on CPU).
 """
 
 from __future__ import annotations
@@ -55,10 +56,45 @@ class RMSNorm(nn.Module):
         return (y * self.weight.float()).to(x.dtype)
 
 
-def _linear(in_features: int, out_features: int) -> nn.Linear:
-    layer = nn.Linear(in_features, out_features, bias=False)
-    layer.weight.requires_grad_(False)
-    return layer
+def row_linear(x: Tensor, weight: Tensor) -> Tensor:
+    """``x @ weight.T`` computed row by row (batch-invariant), float32 accumulate, cast back.
+
+    A plain GEMM (``F.linear``) picks different kernels / blockings for different row counts
+    (on CPU, fp32 results of a row change with T for T = 1, 2, 3, 5, 6, 7, 9, ...), which would
+    make a real token's logits depend on the padding behind it. A batched GEMM with one row per
+    batch element computes every row with the same kernel whatever T is.
+    """
+    t = x.shape[0]
+    w = weight.float().t().unsqueeze(0).expand(t, -1, -1)
+    return torch.bmm(x.float().unsqueeze(1), w).squeeze(1).to(x.dtype)
+
+
+class RowLinear(nn.Module):
+    """Bias-free linear layer (``weight [out, in]``) evaluated with :func:`row_linear`."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.zeros(out_features, in_features), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return row_linear(x, self.weight)
+
+
+class Embedding(nn.Module):
+    """Lookup table (``weight [num, dim]``); unlike ``nn.Embedding`` it never draws from the
+    global RNG at construction (weights are loaded from a local generator afterwards)."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_embeddings, embedding_dim), requires_grad=False)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return F.embedding(ids, self.weight)
+
+
+def _linear(in_features: int, out_features: int) -> RowLinear:
+    return RowLinear(in_features, out_features)
 
 
 class DecoderLayer(nn.Module):
@@ -116,8 +152,8 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.config = config
         h = config.hidden_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, h)
-        self.embed_positions = nn.Embedding(config.max_model_len, h)
+        self.embed_tokens = Embedding(config.vocab_size, h)
+        self.embed_positions = Embedding(config.max_model_len, h)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = _linear(h, config.vocab_size)

@@ -32,12 +32,15 @@ from harness.ops.fia import (
     get_native_impl,
     npu_fused_infer_attention_score,
     npu_fused_infer_attention_score_out,
+    register_updatable_ops,
     set_native_impl,
 )
-from harness.ops.library import workspace_nbytes
+from harness.ops.library import FIA_OP_NAME, UPDATABLE_OP_NAMES, workspace_nbytes
 from harness.ops.observe import FiaCall, fia_call_tags, observe_fia_calls
 
 __all__ = [
+    "FIA_OP_NAME",
+    "UPDATABLE_OP_NAMES",
     "FIA_CONTRACTS",
     "FIA_LAST_ELEMENT_CODE",
     "FiaArgumentError",
@@ -55,6 +58,7 @@ __all__ = [
     "npu_fused_infer_attention_score",
     "npu_fused_infer_attention_score_out",
     "observe_fia_calls",
+    "register_updatable_ops",
     "set_native_impl",
     "shape_violation",
     "workspace_nbytes",

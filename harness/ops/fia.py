@@ -29,6 +29,7 @@ from harness.ops import library as _library  # noqa: F401  (registers the ops)
 from harness.ops.contract import (
     FiaArgumentError,
     FiaContract,
+    FiaContractError,
     check_fia_lengths,
     resolve_contract,
     shape_violation,
@@ -71,6 +72,20 @@ def get_native_impl() -> tuple[NativeFn | None, NativeFn | None, NativeFn | None
     return _native.functional, _native.out, _native.workspace
 
 
+def register_updatable_ops(engine: Any) -> None:
+    """Tell ``engine`` that the FIA op's host lists may be replaced by a graph update.
+
+    Calls ``engine.register_updatable_op(name)`` for each of
+    :data:`~harness.ops.library.UPDATABLE_OP_NAMES` when the engine offers that method (the
+    emulated engine does); otherwise does nothing. This keeps harness.ops free of engine imports.
+    """
+    register = getattr(engine, "register_updatable_op", None)
+    if register is None:
+        return
+    for name in _library.UPDATABLE_OP_NAMES:
+        register(name)
+
+
 # --------------------------------------------------------------------------- validation
 
 
@@ -78,13 +93,22 @@ def _as_tuple(values: Sequence[int] | None) -> tuple[int, ...]:
     return () if values is None else tuple(int(v) for v in values)
 
 
+def _host_list(name: str, values: Sequence[int] | None) -> list[int] | None:
+    """A plain ``list[int]`` copy of a host list; a tensor is refused (reading it would sync)."""
+    if values is None:
+        return None
+    if isinstance(values, Tensor):
+        raise FiaArgumentError(name, "must be a host list of ints, not a tensor (reading it is a host sync)")
+    return [int(v) for v in values]
+
+
 def _validate(
     contract: FiaContract,
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    actual_seq_lengths: tuple[int, ...] | None,
-    actual_seq_lengths_kv: tuple[int, ...] | None,
+    actual_seq_lengths: Sequence[int] | None,
+    actual_seq_lengths_kv: Sequence[int] | None,
     block_table: Tensor | None,
     block_size: int,
     num_heads: int,
@@ -116,7 +140,7 @@ def _validate(
 def _accepts(contract: FiaContract, *args: Any) -> bool:
     try:
         _validate(contract, *args)
-    except (FiaArgumentError, RuntimeError):
+    except (FiaArgumentError, FiaContractError):
         return False
     return True
 
@@ -160,12 +184,17 @@ def _host_tiling(
     recorded too. The lists are returned as plain ``list[int]`` copies for the op call.
     """
     name = resolve_contract(contract)
-    q = None if actual_seq_lengths is None else list(_as_tuple(actual_seq_lengths))
-    kv = None if actual_seq_lengths_kv is None else list(_as_tuple(actual_seq_lengths_kv))
+    T = int(query.shape[0])
+    try:
+        q = _host_list("actual_seq_lengths", actual_seq_lengths)
+        kv = _host_list("actual_seq_lengths_kv", actual_seq_lengths_kv)
+    except FiaArgumentError:
+        with _Observed(kind, T, (), (), 0, name, strict_ok=False, relaxed_ok=False):
+            raise
     args = (query, key, value, q, kv, block_table, block_size, num_heads, num_key_value_heads,
             input_layout, sparse_mode)
     observed = _Observed(
-        kind, int(query.shape[0]), _as_tuple(q), _as_tuple(kv), len(q or ()), name,
+        kind, T, _as_tuple(q), _as_tuple(kv), len(q or ()), name,
         strict_ok=_accepts("strict", *args), relaxed_ok=_accepts("relaxed", *args),
     )
     return observed, name, q, kv

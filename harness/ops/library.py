@@ -39,9 +39,12 @@ a capture only the fake kernel runs, and during an update the call is intercepte
 wrapper runs every time.
 
 The host-list ops are registered for ``CompositeExplicitAutograd`` (any device; the kernel
-reads no tensor data on the host, so it is capture-safe). ``fia_device_metadata`` is registered
-for CPU only: its reference reads the device tensors with ``.tolist()``, which a real CUDA or
-ACL capture forbids; a device port would need a sync-free kernel.
+reads no tensor data on the host, so it is capture-safe). ``fia_device_metadata`` has two
+kernels: on CPU an exact per-request loop that reads the bounds with ``.tolist()`` (the
+emulated recorder treats the op as one opaque node, so that is legal there, and the result is
+bitwise equal to the host-list op); on CUDA a sync-free masked kernel
+(:func:`~harness.ops.reference.paged_attention_from_device_bounds`), because a real CUDA
+graph capture forbids host reads. The CUDA kernel equals the CPU one within float32 rounding.
 """
 
 from __future__ import annotations
@@ -52,7 +55,12 @@ import torch
 from torch import Tensor
 
 from harness.ops.contract import bounds_violation, shape_violation
-from harness.ops.reference import paged_attention_into, spans_from_host_lists, spans_from_query_start_loc
+from harness.ops.reference import (
+    paged_attention_from_device_bounds,
+    paged_attention_into,
+    spans_from_host_lists,
+    spans_from_query_start_loc,
+)
 
 NAMESPACE = "harness"
 
@@ -399,6 +407,31 @@ def _device_metadata_kernel(
     return out, lse
 
 
+def _device_metadata_kernel_sync_free(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    query_start_loc: Tensor,
+    seq_lens_kv: Tensor,
+    block_table: Tensor,
+    *,
+    block_size: int,
+    num_heads: int,
+    num_key_value_heads: int,
+    scale: float,
+    max_num_reqs: int,
+    sparse_mode: int = 3,
+) -> tuple[Tensor, Tensor]:
+    _check_device_metadata_shapes(
+        query, key, value, query_start_loc, seq_lens_kv, block_table,
+        block_size, num_heads, num_key_value_heads, max_num_reqs, sparse_mode,
+    )
+    return paged_attention_from_device_bounds(
+        query, key, value, query_start_loc, seq_lens_kv, block_table, max_num_reqs=max_num_reqs,
+        block_size=block_size, scale=scale, causal=sparse_mode == 3,
+    )
+
+
 def _device_metadata_fake(
     query: Tensor,
     key: Tensor,
@@ -428,6 +461,11 @@ def _device_metadata_fake(
 _lib.impl("npu_fused_infer_attention_score", _fia_kernel, "CompositeExplicitAutograd")
 _lib.impl("npu_fused_infer_attention_score.out", _fia_out_kernel, "CompositeExplicitAutograd")
 _lib.impl("fia_device_metadata", _device_metadata_kernel, "CPU")
+_lib.impl("fia_device_metadata", _device_metadata_kernel_sync_free, "CUDA")
 torch.library.register_fake(f"{NAMESPACE}::npu_fused_infer_attention_score", _fia_fake, lib=_lib)
 torch.library.register_fake(f"{NAMESPACE}::npu_fused_infer_attention_score.out", _fia_out_fake, lib=_lib)
 torch.library.register_fake(f"{NAMESPACE}::fia_device_metadata", _device_metadata_fake, lib=_lib)
+
+#: Schema names (``func._schema.name``) whose host arguments a task-group update may replace.
+FIA_OP_NAME = f"{NAMESPACE}::npu_fused_infer_attention_score"
+UPDATABLE_OP_NAMES: tuple[str, ...] = (FIA_OP_NAME,)

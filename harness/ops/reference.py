@@ -93,8 +93,8 @@ def attend_request(
         v = v.repeat_interleave(group, dim=0)
     scores = torch.matmul(q, k.transpose(1, 2)) * scale
     if causal:
-        last_visible = torch.arange(q_len).unsqueeze(1) + (kv_len - q_len)
-        hidden = torch.arange(kv_len).unsqueeze(0) > last_visible
+        last_visible = torch.arange(q_len, device=q.device).unsqueeze(1) + (kv_len - q_len)
+        hidden = torch.arange(kv_len, device=q.device).unsqueeze(0) > last_visible
         scores = scores.masked_fill(hidden, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
@@ -140,3 +140,64 @@ def paged_attention_into(
         out[span.q_start : span.q_end].copy_(o.transpose(0, 1))
         if lse is not None:
             lse[span.q_start : span.q_end, :, 0].copy_(s.transpose(0, 1))
+
+
+def paged_attention_from_device_bounds(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    query_start_loc: Tensor,
+    seq_lens_kv: Tensor,
+    block_table: Tensor,
+    *,
+    max_num_reqs: int,
+    block_size: int,
+    scale: float,
+    causal: bool,
+) -> tuple[Tensor, Tensor]:
+    """Sync-free variant for devices whose graphs forbid host reads (CUDA graph capture).
+
+    Every query row finds its request with ``searchsorted`` on the device and attends over the
+    whole block-table capacity under a mask, so no shape depends on tensor contents and
+    nothing is read on the host. Out-of-range contents cannot read out of bounds: rows past
+    ``query_start_loc[max_num_reqs]`` are padding, KV lengths are clipped to the table's
+    capacity, block ids are clamped. It allocates ``T x capacity`` keys, fine for test models,
+    and is equal to :func:`paged_attention_into` within float32 rounding (not bitwise: its
+    reductions run over the padded capacity).
+
+    Returns ``(out [T, N, Dv] in the query dtype, lse [T, N, 1] float32)``.
+    """
+    device = query.device
+    T, num_heads, _ = query.shape
+    num_kv_heads = key.shape[2]
+    group = num_heads // num_kv_heads
+    capacity = block_table.shape[1] * block_size
+
+    starts = query_start_loc[: max_num_reqs + 1].to(torch.int64)
+    kv_lens = seq_lens_kv[:max_num_reqs].to(torch.int64)
+    rows = torch.arange(T, device=device)
+    req = torch.searchsorted(starts[1:].contiguous(), rows, right=True)  # in [0, max_num_reqs]
+    valid = (req < max_num_reqs) & (rows >= starts[0])
+    req = req.clamp(max=max_num_reqs - 1)
+    q_len = starts[req + 1] - starts[req]
+    j = rows - starts[req]
+    kv_len = kv_lens[req].clamp(min=0, max=capacity)
+    limit = torch.minimum(kv_len - q_len + j + 1, kv_len) if causal else kv_len
+    positions = torch.arange(capacity, device=device)
+    visible = (positions.unsqueeze(0) < limit.unsqueeze(1)) & valid.unsqueeze(1)  # [T, capacity]
+
+    block_ids = block_table[req].to(torch.int64).clamp(0, key.shape[0] - 1)  # [T, max_blocks]
+    k = key[block_ids].reshape(T, capacity, num_kv_heads, -1).to(torch.float32)
+    v = value[block_ids].reshape(T, capacity, num_kv_heads, -1).to(torch.float32)
+    q = query.to(torch.float32).reshape(T, num_kv_heads, group, -1)
+    scores = torch.einsum("tkgd,tckd->tkgc", q, k) * scale  # [T, N_kv, G, capacity]
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    weights = torch.exp(scores - row_max)
+    denom = weights.sum(dim=-1, keepdim=True)
+    seen = denom > 0
+    out = torch.einsum("tkgc,tckd->tkgd", weights, v) / torch.where(seen, denom, torch.ones_like(denom))
+    out = torch.where(seen, out, torch.zeros_like(out))
+    lse = row_max + torch.log(denom)
+    return out.reshape(T, num_heads, -1).to(query.dtype), lse.reshape(T, num_heads, 1)

@@ -96,3 +96,10 @@ def test_device_metadata_record_has_no_host_lists() -> None:
     assert (call.kind, call.T, call.num_reqs) == ("device_metadata", 4, 3)
     assert call.actual_seq_lengths == () and call.actual_seq_lengths_kv == ()
     assert call.strict_ok and call.relaxed_ok and call.error is None
+
+
+def test_tensor_lengths_are_refused_and_recorded() -> None:
+    b = make_batch([3, 1], [5, 2])
+    with observe_fia_calls() as calls, pytest.raises(FiaArgumentError, match="host list"):
+        fia(b.query, b.key, b.value, **b.kwargs(actual_seq_lengths=torch.tensor(b.cum_q)))
+    assert calls[0].error is not None and calls[0].strict_ok is False

@@ -13,9 +13,9 @@ from typing import Any, Iterator
 from ..errors import TaskUpdateError
 from .device import EmulatedDevice, StreamConfig
 from .graph import NPUGraph as _NPUGraph
-from .graph import TaskGroupHandle, TaskUpdateMode, graph_context, task_group_begin, task_group_end
+from .graph import TaskGroupHandle, TaskUpdateMode, bound_arguments, graph_context, task_group_begin, task_group_end
 from .pool import PoolHandle
-from .recorder import register_updatable_op
+from .recorder import OpNode, register_updatable_op
 from .streams import ExternalEvent
 from .streams import Stream as _Stream
 
@@ -123,3 +123,17 @@ __all__ = [
     "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
     "graph_task_update_end", "register_updatable_op", "stream", "synchronize",
 ]
+
+
+def executed_host_arguments(npu_graph: _NPUGraph, op_name: str, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The host arguments each ``op_name`` node of the graph holds now, in capture order.
+
+    After a replay these are the values that replay executed with: what the checks compare
+    with the live batch to detect stale host parameters.
+    """
+    found = []
+    for node in npu_graph.nodes:
+        if isinstance(node, OpNode) and node.func._schema.name == op_name:
+            bound = bound_arguments(node.func, node.args, node.kwargs)
+            found.append({name: bound.get(name) for name in names})
+    return found

@@ -1,0 +1,65 @@
+"""What a pipeline run leaves behind for the checks and the report.
+
+Plain data: every check is a pure function of a :class:`RunRecord`, so a check can be tested
+on a hand-made record and a report can be written from a record of a run that crashed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PATHS = ("reference", "padded", "graph")
+"""The three executions of every step: eager unpadded (the reference), eager with the graph
+path's padding (separates padding effects from graph effects), and the graph path itself."""
+
+
+@dataclass
+class PathError:
+    """An execution path stopped: where, and why."""
+
+    path: str
+    step: int | None
+    phase: str  # "capture", "step", "update"
+    kind: str  # exception class name
+    message: str
+    bucket: int | None = None
+
+
+@dataclass
+class StepRecord:
+    step: int
+    requests: list[tuple[str, int, int]]  # (req_id, num_computed_tokens, num_new_tokens)
+    num_tokens: int
+    uniform_decode: bool
+    runtime_mode: str
+    num_tokens_padded: int
+    num_reqs: int
+    num_reqs_padded: int
+    padding_source: str
+    dispatch_reason: str
+    ledger: dict[str, int] = field(default_factory=dict)  # what each feature added to T
+    metadata: dict[str, Any] = field(default_factory=dict)  # the graph path's host lists
+    sampled: dict[str, list[int]] = field(default_factory=dict)  # path -> token per request
+    logits: dict[str, Any] = field(default_factory=dict)  # path -> real-row logits (not serialised)
+    executed: list[dict[str, Any]] | None = None  # per layer: host lists the graph executed
+
+
+@dataclass
+class RunRecord:
+    mode: str
+    backend: str
+    capture_sizes: list[int]
+    graphs_captured: int = 0
+    capture_seconds: float = 0.0
+    steps: list[StepRecord] = field(default_factory=list)
+    fia_calls: list[Any] = field(default_factory=list)  # harness.ops.FiaCall
+    texts: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # path -> req -> tokens
+    errors: list[PathError] = field(default_factory=list)
+    stream_usage: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)  # the capture-size policy's decision
+    notes: list[str] = field(default_factory=list)
+
+    def error_of(self, path: str) -> PathError | None:
+        return next((e for e in self.errors if e.path == path), None)
