@@ -89,6 +89,7 @@ def _run_step(step: Step, runner: GraphRunner, eager: dict[str, EagerRunner],
         dispatch_reason=decision.reason,
         ledger={"real": meta.num_actual_tokens, "bucket": decision.num_tokens_padded - meta.num_actual_tokens},
         metadata=_host_lists(padded),
+        reference_metadata=_host_lists(meta),
     )
     tags = dict(step=step.index, bucket=decision.num_tokens_padded, runtime_mode=str(decision.runtime_mode),
                 padding=padded.padding_source)
@@ -101,6 +102,7 @@ def _run_step(step: Step, runner: GraphRunner, eager: dict[str, EagerRunner],
             with fia_call_tags(path=path, phase="step", **tags):
                 if path == "graph":
                     logits, rec.executed = runner.execute(inputs, decision)
+                    rec.host_lists_unverifiable = rec.runtime_mode == "FULL" and rec.executed is None
                 else:
                     logits = eager[path].execute(inputs)
         except Exception as error:  # noqa: BLE001 - recorded; the other paths go on

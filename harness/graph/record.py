@@ -40,9 +40,11 @@ class StepRecord:
     dispatch_reason: str
     ledger: dict[str, int] = field(default_factory=dict)  # what each feature added to T
     metadata: dict[str, Any] = field(default_factory=dict)  # the graph path's host lists
+    reference_metadata: dict[str, Any] = field(default_factory=dict)  # the unpadded host lists
     sampled: dict[str, list[int]] = field(default_factory=dict)  # path -> token per request
     logits: dict[str, Any] = field(default_factory=dict)  # path -> real-row logits (not serialised)
     executed: list[dict[str, Any]] | None = None  # per layer: host lists the graph executed
+    host_lists_unverifiable: bool = False  # a FULL replay on a backend that cannot report them
 
 
 @dataclass

@@ -33,7 +33,7 @@ from harness.graph.metadata import (
     pad_attention_metadata,
 )
 from harness.graph.modes import CUDAGraphMode
-from harness.model import DecoderLM, PagedKVCache, make_eager_attend
+from harness.model import Attend, DecoderLM, PagedKVCache, make_eager_attend
 from harness.ops import (
     fia_call_tags,
     get_max_workspace,
@@ -88,6 +88,16 @@ def _block_table(meta: AttentionMetadata, rows: int | None = None) -> Tensor:
     return table
 
 
+def tagged(attend: Attend) -> Attend:
+    """Tag each FIA call with its layer, so a violation names the layer it happened in."""
+
+    def attend_tagged(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
+        with fia_call_tags(layer=layer):
+            return attend(layer, query, key_cache, value_cache)
+
+    return attend_tagged
+
+
 class EagerRunner:
     """Runs a step eagerly with the metadata it is given (the reference and padded paths)."""
 
@@ -96,9 +106,9 @@ class EagerRunner:
 
     def execute(self, inputs: StepInputs) -> Tensor:
         meta = inputs.meta
-        attend = make_eager_attend(
+        attend = tagged(make_eager_attend(
             self.model.config, meta.actual_seq_lengths, meta.seq_lens, _block_table(meta)
-        )
+        ))
         logits = self.model(
             torch.tensor(inputs.input_ids, dtype=torch.int64),
             torch.tensor(meta.positions, dtype=torch.int64),
@@ -304,8 +314,8 @@ class GraphRunner:
             self._eager_padded(meta, input_ids)
 
     def _eager_padded(self, meta: AttentionMetadata, input_ids: list[int]) -> Tensor:
-        attend = make_eager_attend(self.model.config, meta.actual_seq_lengths, meta.seq_lens,
-                                   _block_table(meta))
+        attend = tagged(make_eager_attend(self.model.config, meta.actual_seq_lengths, meta.seq_lens,
+                                          _block_table(meta)))
         return self.model(torch.tensor(input_ids, dtype=torch.int64),
                           torch.tensor(meta.positions, dtype=torch.int64),
                           torch.tensor(meta.slot_mapping, dtype=torch.int64), self.kv_cache, attend)

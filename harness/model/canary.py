@@ -42,6 +42,9 @@ Limits:
   repeats; staleness in only some layers changes the logits (caught by eager-vs-replay) but
   with >= 3 layers the correct layers outvote it.
 * Repetition scores are meant for generated tokens only (prompt tokens are arbitrary).
+* A stale KV length LARGER than the real one exposes not-yet-written slots (zero keys score 0,
+  above the negative scores of low positions); the output is then still step-independent
+  (repeats) as long as those slots hold zeros, but is not ``expected_next_token`` of anything.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ class ModelSpec(_Base):
     num_heads: PosInt = 4
     num_kv_heads: PosInt = 2
     head_dim: PosInt = 16
-    vocab_size: PosInt = 256
+    vocab_size: PosInt = 512
     dtype: Literal["float32", "bfloat16"] = "float32"
     seed: NonNegInt = 0
     block_size: PosInt = 16
@@ -128,6 +128,14 @@ class ModelSpec(_Base):
                 (
                     ("num_kv_heads",),
                     f"{self.num_heads} heads are not divisible by {self.num_kv_heads} KV heads",
+                )
+            )
+        if self.kind == "canary" and self.vocab_size < self.max_model_len:
+            issues.append(
+                (
+                    ("vocab_size",),
+                    f"the canary needs vocab_size >= max_model_len ({self.vocab_size} < "
+                    f"{self.max_model_len}): its next token encodes the attended length",
                 )
             )
         if self.max_model_len > self.block_size * self.num_blocks:

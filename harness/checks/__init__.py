@@ -1,0 +1,46 @@
+"""The four assertions of the harness, as pure functions of a :class:`RunRecord`.
+
+:func:`run_checks` runs them in root-cause order: the FIA invariant, stale host parameters and
+the stream budget first; equality last, so that a mismatch caused by an earlier failure of
+another check is reported as explained by it, and a known-bad scenario fails exactly the
+check that must catch its bug.
+"""
+
+from __future__ import annotations
+
+from harness.checks.equality import check_equality
+from harness.checks.fia_invariant import check_fia_invariant
+from harness.checks.result import CHECKS, EXECUTION, CheckResult
+from harness.checks.stale_params import check_stale_params
+from harness.checks.stream_budget import check_stream_budget
+from harness.graph.record import RunRecord
+
+#: Errors a check accounts for; any other error on a path is an unexplained crash.
+EXPLAINED_ERRORS = {
+    "FiaContractError": "fia_invariant",
+    "FiaArgumentError": "fia_invariant",
+    "StreamBudgetError": "stream_budget",
+}
+
+
+def run_checks(record: RunRecord, *, contract: str, dtype: str, bitwise_replay: bool,
+               tolerance: tuple[float, float] | None = None) -> dict[str, CheckResult]:
+    results = {
+        "fia_invariant": check_fia_invariant(record, contract),
+        "stale_params": check_stale_params(record),
+        "stream_budget": check_stream_budget(record),
+    }
+    causes = [r.first_step for r in results.values() if not r.passed and r.first_step is not None]
+    results["equality"] = check_equality(record, dtype=dtype, bitwise_replay=bitwise_replay,
+                                         override=tolerance, explained_from=min(causes) if causes else None)
+    crashes = [e for e in record.errors if e.kind not in EXPLAINED_ERRORS]
+    if crashes:
+        first = crashes[0]
+        where = f"step {first.step}" if first.step is not None else first.phase
+        results[EXECUTION] = CheckResult(
+            EXECUTION, False, f"{first.path} path raised {first.kind} at {where}: {first.message}",
+            first.step, {"errors": [vars(e) for e in crashes]})
+    return {name: results[name] for name in (*CHECKS, EXECUTION) if name in results}
+
+
+__all__ = ["CHECKS", "EXECUTION", "CheckResult", "run_checks"]

@@ -1,0 +1,115 @@
+"""Check b: eager and replay agree, on real tokens only.
+
+Three ways per step: the eager unpadded reference, eager with the graph path's padding, and
+the graph path. Greedy tokens must match exactly; logits within tolerance. Graph against padded
+eager isolates graph effects (on the emulator the same kernels run on the same shapes, so this
+is bitwise by default); padded against reference isolates padding effects. The first mismatch
+is reported with its step, request, position and errors, and a deepdiff of the host metadata
+the paths ran with. Mismatches from a step at or after the first failure of another check are
+explained by that failure and reported, not failed twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from deepdiff import DeepDiff
+
+from harness.checks.result import CheckResult
+from harness.graph.record import RunRecord, StepRecord
+
+#: Per-dtype tolerances for comparisons that are not bitwise (logits are float32, but a bf16
+#: model's rows carry bf16 rounding from every layer).
+DTYPE_TOLERANCE = {"float32": (1e-5, 1.3e-6), "bfloat16": (2e-2, 1.6e-2)}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    atol: float
+    rtol: float
+
+    @property
+    def bitwise(self) -> bool:
+        return self.atol == 0 and self.rtol == 0
+
+
+def default_tolerances(dtype: str, bitwise_replay: bool, override: tuple[float, float] | None):
+    """(graph vs padded, padded vs reference) tolerances."""
+    if override is not None:
+        given = Tolerance(*override)
+        return given, given
+    per_dtype = Tolerance(*DTYPE_TOLERANCE[dtype])
+    return (Tolerance(0.0, 0.0) if bitwise_replay else per_dtype), per_dtype
+
+
+def _compare(a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> bool:
+    if a.shape != b.shape:
+        return False
+    if tol.bitwise:
+        return torch.equal(a, b)
+    return torch.allclose(a, b, atol=tol.atol, rtol=tol.rtol, equal_nan=False)
+
+
+def _first_row_mismatch(step: StepRecord, a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> dict[str, Any]:
+    diff = (a.double() - b.double()).abs()
+    bad_rows = [i for i in range(a.shape[0]) if not _compare(a[i], b[i], tol)]
+    row = bad_rows[0] if bad_rows else 0
+    start = 0
+    request, position = None, row
+    for req_id, _, new in step.requests:
+        if row < start + new:
+            request, position = req_id, row - start
+            break
+        start += new
+    rel = diff[row] / b[row].double().abs().clamp_min(1e-12)
+    return {"row": row, "request": request, "position": position,
+            "max_abs_error": float(diff[row].max()), "max_rel_error": float(rel.max()),
+            "rows_differing": len(bad_rows)}
+
+
+def check_equality(record: RunRecord, *, dtype: str, bitwise_replay: bool,
+                   override: tuple[float, float] | None = None,
+                   explained_from: int | None = None) -> CheckResult:
+    graph_tol, padding_tol = default_tolerances(dtype, bitwise_replay, override)
+    mismatches: list[dict[str, Any]] = []
+    compared = 0
+    for step in record.steps:
+        logits = step.logits
+        pairs = (("graph", "padded", graph_tol, "graph effect"), ("padded", "reference", padding_tol, "padding effect"))
+        for left, right, tol, effect in pairs:
+            if left not in logits or right not in logits:
+                continue
+            compared += 1
+            tokens_equal = step.sampled.get(left) == step.sampled.get(right)
+            if tokens_equal and _compare(logits[left], logits[right], tol):
+                continue
+            found = {"step": step.step, "paths": f"{left} vs {right}", "effect": effect,
+                     "tolerance": {"atol": tol.atol, "rtol": tol.rtol},
+                     "tokens": {left: step.sampled.get(left), right: step.sampled.get(right)},
+                     "runtime_mode": step.runtime_mode, "bucket": step.num_tokens_padded}
+            if logits[left].shape == logits[right].shape:
+                found.update(_first_row_mismatch(step, logits[left], logits[right], tol))
+            found["metadata_diff"] = DeepDiff(step.reference_metadata, step.metadata,
+                                              verbose_level=2).to_dict() if step.reference_metadata else {}
+            if step.executed is not None:
+                found["executed_host_lists"] = step.executed
+            mismatches.append(found)
+    details = {"compared": compared, "mismatches": mismatches[:20],
+               "tolerance": {"graph_vs_padded": vars(graph_tol), "padded_vs_reference": vars(padding_tol)}}
+    unexplained = [m for m in mismatches if explained_from is None or m["step"] < explained_from]
+    if not unexplained:
+        summary = f"{compared} comparisons equal" + (" (bitwise graph vs padded)" if graph_tol.bitwise else "")
+        if mismatches:
+            summary = (f"{len(mismatches)} mismatch(es) from step {mismatches[0]['step']} on, explained by "
+                       f"an earlier failure of another check (step {explained_from})")
+        if compared == 0:
+            summary = "not evaluated: no step ran on the graph path"
+        return CheckResult("equality", True, summary, details=details)
+    first = unexplained[0]
+    where = (f"request {first.get('request')} position {first.get('position')}, max abs error "
+             f"{first.get('max_abs_error', float('nan')):.3g}, max rel error {first.get('max_rel_error', float('nan')):.3g}")
+    summary = (f"{first['paths']} differ at step {first['step']} ({first['effect']}, {first['runtime_mode']}, "
+               f"bucket {first['bucket']}): {where}; tokens {first['tokens']}")
+    return CheckResult("equality", False, summary, first["step"], details)

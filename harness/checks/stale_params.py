@@ -1,0 +1,75 @@
+"""Check c: no stale host parameters.
+
+A replayed graph re-issues the host lists it holds. Per step and layer, the lists the engine
+says the graph executed with are compared with the live batch's; where the engine cannot say
+(native backends), the generated text is the evidence: a stale graph repeats itself while the
+eager reference does not. Both texts are kept side by side with their repetition scores.
+"""
+
+from __future__ import annotations
+
+from harness.checks.result import CheckResult
+from harness.graph.record import RunRecord
+from harness.model import longest_repeat_run, repetition_score
+
+#: A graph text this much more repetitive than the reference's reads as stale.
+REPETITION_MARGIN = 0.5
+
+
+def _repetition(texts: dict[str, list[int]]) -> dict[str, dict[str, float]]:
+    return {req: {"score": repetition_score(t), "longest_run": longest_repeat_run(t)} for req, t in texts.items()}
+
+
+def check_stale_params(record: RunRecord) -> CheckResult:
+    stale = []
+    compared = 0
+    for step in record.steps:
+        if step.executed is None:
+            continue
+        for layer, executed in enumerate(step.executed):
+            compared += 1
+            for name in ("actual_seq_lengths", "actual_seq_lengths_kv"):
+                live = step.metadata.get(name)
+                ran = list(executed.get(name) or [])
+                if ran != live:
+                    stale.append({"step": step.step, "layer": layer, "argument": name,
+                                  "executed": ran, "expected": live, "bucket": step.num_tokens_padded})
+    repetition = {path: _repetition(record.texts.get(path, {})) for path in ("reference", "graph")}
+    details = {"compared_layer_steps": compared, "stale": stale, "repetition": repetition,
+               "texts": {p: record.texts.get(p, {}) for p in ("reference", "graph")}}
+    if stale:
+        first = stale[0]
+        summary = (
+            f"graph replayed capture-time {first['argument']} {first['executed']} at step {first['step']} "
+            f"(layer {first['layer']}, bucket {first['bucket']}), expected {first['expected']}; "
+            f"{len(stale)} stale list(s) in all; {_scores(repetition)}"
+        )
+        return CheckResult("stale_params", False, summary, first["step"], details)
+    unverifiable = any(step.host_lists_unverifiable for step in record.steps)
+    repeated = [
+        req for req, rep in repetition["graph"].items()
+        if rep["score"] - repetition["reference"].get(req, {"score": 0.0})["score"] >= REPETITION_MARGIN
+    ]
+    if unverifiable and repeated:  # the engine could not say what ran: the text is the evidence
+        summary = (f"graph text repeats where eager does not (requests {', '.join(repeated)}; "
+                   f"{_scores(repetition)}): host parameters were probably frozen at capture")
+        return CheckResult("stale_params", False, summary, _first_divergence(record, repeated), details)
+    how = f"{compared} layer-steps compared" if compared else "no FULL replay: attention ran on live lists"
+    if unverifiable:
+        how = "the backend cannot report executed lists; texts compared"
+    return CheckResult("stale_params", True, f"host lists live on every replay ({how})", details=details)
+
+
+def _scores(repetition: dict[str, dict[str, dict[str, float]]]) -> str:
+    def mean(path: str) -> float:
+        scores = [r["score"] for r in repetition[path].values()]
+        return sum(scores) / len(scores) if scores else 0.0
+
+    return f"text repetition score graph {mean('graph'):.2f} vs eager {mean('reference'):.2f}"
+
+
+def _first_divergence(record: RunRecord, reqs: list[str]) -> int | None:
+    for step in record.steps:
+        if step.sampled.get("graph") != step.sampled.get("reference"):
+            return step.step
+    return None
