@@ -19,11 +19,11 @@ $(STAMP): pyproject.toml requirements-cpu.txt
 
 scenarios: $(STAMP)
 	$(PY) -m pytest scenarios/ --mode=FULL -p no:cacheprovider \
-		--html=reports/scenarios.html --self-contained-html --json-report-path=reports/scenarios.json
+		--html=reports/scenarios.html --self-contained-html --results-json=reports/scenarios.json
 
 test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -n 2 \
-		--html=reports/tests.html --self-contained-html --json-report-path=reports/tests.json
+		--html=reports/tests.html --self-contained-html --results-json=reports/tests.json
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine.py

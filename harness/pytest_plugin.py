@@ -1,1 +1,225 @@
-"""pytest plugin of graph-harness (collection of YAML scenarios lands with the scenario harness)."""
+"""pytest glue: YAML scenario files become items; results become reports.
+
+Kept thin on purpose (the domain lives in :mod:`harness.session`): this module maps files to
+items, command-line options to run settings, item results to pytest outcomes (known-bad
+scenarios that fail as expected are ``xfailed``), and records to the JSON results file, the
+junitxml properties and the pytest-html extras.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from harness.engine import BACKENDS
+from harness.graph.modes import parse_mode
+from harness.report.results import RECORD_KEY, item_record, metrics, write_results
+from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, load_scenario_file
+
+SCENARIO_DIR = "scenarios"
+FEATURE_MARKERS = {"sp": "sequence parallel (tp > 1)", "dp": "data parallel (size > 1)",
+                   "mtp": "speculative decoding (k > 0)", "cp": "context parallel (size > 1)"}
+_results_key = pytest.StashKey[list]()
+_environment_key = pytest.StashKey[dict]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("graph-harness", "graph-mode scenarios")
+    group.addoption("--mode", default=None,
+                    help=f"graph mode(s) to run, comma separated ({', '.join(GRAPH_MODES)}); intersects "
+                         "with a scenario's own mode axis, expands scenarios that name no mode")
+    group.addoption("--backend", default="auto", choices=BACKENDS,
+                    help="capture/replay engine: auto (npu, else cuda, else the CPU emulator)")
+    group.addoption("--fia-contract", default=None, choices=("strict", "relaxed"),
+                    help="override every scenario's FIA host contract")
+    group.addoption("--results-json", default=None, metavar="PATH",
+                    help="JSON results file (default reports/graph-harness-results.json when scenarios run)")
+
+
+def selected_modes(config: pytest.Config) -> list[str] | None:
+    option = config.getoption("--mode")
+    if not option:
+        return None
+    try:
+        return [str(parse_mode(name.strip())) for name in option.split(",") if name.strip()]
+    except ValueError as error:
+        raise pytest.UsageError(f"--mode: {error}") from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for mode in GRAPH_MODES:
+        config.addinivalue_line("markers", f"{mode.lower()}: scenario items running in graph mode {mode}")
+    for name, what in FEATURE_MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: scenario items using {what}")
+    config.addinivalue_line("markers", "known_bad: scenarios built to fail the named checks")
+    selected_modes(config)  # a bad --mode is a usage error before collection
+    # One bad scenario file is a collection error for that file only; the rest still runs.
+    config.option.continue_on_collection_errors = True
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)  # two workers on two cores: no oversubscription
+    config.stash[_results_key] = []
+    config.pluginmanager.register(ResultsCollector(config), "graph-harness-results")
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.suffix in (".yaml", ".yml") and SCENARIO_DIR in file_path.parent.parts:
+        return ScenarioFile.from_parent(parent, path=file_path)
+    return None
+
+
+class ScenarioFile(pytest.File):
+    """One YAML file: one item per matrix point (and per ``--mode`` if the file names none)."""
+
+    def collect(self):
+        modes = selected_modes(self.config)
+        runs: list[tuple[str | None, dict[str, Any]]] = [(None, {})]
+        if modes and not _names_a_mode(self.path):
+            runs = [(mode, {"graph.mode": mode}) for mode in modes]
+        for mode, overrides in runs:
+            for point in load_scenario_file(self.path, overrides=overrides or None):
+                if modes and point.scenario.graph.mode not in modes:
+                    continue
+                suffix = "-".join(part for part in (point.id, mode) if part)
+                name = f"{point.name}[{suffix}]" if suffix else point.name
+                yield ScenarioItem.from_parent(self, name=name, point=point)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]):  # type: ignore[override]
+        if isinstance(excinfo.value, ScenarioError):
+            return str(excinfo.value)  # file:line: field: message, nothing else
+        return super().repr_failure(excinfo)
+
+
+def _names_a_mode(path: Path) -> bool:
+    """Whether the file fixes its own mode (``graph.mode`` or a ``graph.mode`` matrix axis)."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return True  # the loader reports the syntax error
+    if not isinstance(data, dict):
+        return True
+    graph = data.get("graph")
+    matrix = data.get("matrix") or {}
+    return (isinstance(graph, dict) and "mode" in graph) or (isinstance(matrix, dict) and "graph.mode" in matrix)
+
+
+class ScenarioFailed(Exception):
+    """The item's verdict was a failure; the message is the explanation."""
+
+
+class ScenarioItem(pytest.Item):
+    def __init__(self, *, point: ScenarioPoint, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.point = point
+        scenario = point.scenario
+        self.add_marker(scenario.graph.mode.lower())
+        features = scenario.features
+        for name, on in (("sp", features.sp.tp > 1), ("dp", features.dp.size > 1), ("mtp", features.mtp.k > 0),
+                         ("cp", features.cp.size > 1)):
+            if on:
+                self.add_marker(name)
+        if scenario.expect.outcome == "fail":
+            self.add_marker("known_bad")
+        self.record: dict[str, Any] | None = None
+
+    def runtest(self) -> None:
+        from harness.session import FAILED, SKIPPED, XFAILED, environment, run_point
+
+        backend = self.config.getoption("--backend")
+        result = run_point(self.point, backend=backend, fia_contract=self.config.getoption("--fia-contract"))
+        env = self.config.stash.get(_environment_key, None) or environment(backend)
+        self.config.stash[_environment_key] = env
+        self.record = item_record(result, env)
+        self.user_properties.extend(metrics(self.record))
+        self.user_properties.append((RECORD_KEY, json.dumps(self.record, default=str)))
+        if result.outcome == XFAILED:
+            pytest.xfail(result.verdict)
+        if result.outcome == SKIPPED:
+            pytest.skip(result.verdict)
+        if result.outcome == FAILED:
+            raise ScenarioFailed(result.verdict)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]):  # type: ignore[override]
+        if isinstance(excinfo.value, ScenarioFailed):
+            lines = [str(excinfo.value)]
+            if self.record and self.record.get("traceback"):
+                lines.append(self.record["traceback"])
+            return "\n".join(lines)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, self.point.source.line - 1 if self.point.source.line else None, f"scenario {self.name}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when != "call" or not isinstance(item, ScenarioItem) or item.record is None:
+        return
+    try:
+        from pytest_html import extras
+    except ImportError:
+        return
+    try:
+        from harness.report.html import render_item
+
+        fragment = render_item(item.record)
+    except Exception as error:  # noqa: BLE001 - a rendering bug must not lose the result
+        fragment = f"<pre>graph-harness could not render this item: {html.escape(repr(error))}</pre>"
+    report.extras = [*getattr(report, "extras", []), extras.html(fragment)]
+
+
+class ResultsCollector:
+    """Gathers every item's record (from any xdist worker) and writes the JSON results file."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.records: list[dict[str, Any]] = config.stash[_results_key]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for name, value in report.user_properties:
+            if name == RECORD_KEY:
+                self.records.append(json.loads(value))
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(self.config, "workerinput"):
+            return  # the controller writes the results of all workers
+        path = self.config.getoption("--results-json")
+        if path is None and not self.records:
+            return
+        path = Path(path) if path else self.config.rootpath / "reports" / "graph-harness-results.json"
+        summary: dict[str, int] = {}
+        for record in self.records:
+            summary[record["outcome"]] = summary.get(record["outcome"], 0) + 1
+        env = self.records[0]["environment"] if self.records else {}
+        write_results(path, self.records, env, summary)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_report_title(report) -> None:
+    report.title = "graph-harness: graph-mode scenarios"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_html_results_summary(prefix, summary, postfix, session) -> None:
+    records = session.config.stash.get(_results_key, [])
+    if records:
+        from harness.report.html import render_summary
+
+        prefix.append(render_summary(records))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from harness.engine import resolve
+
+    return f"graph-harness: backend {resolve(config.getoption('--backend'))}, modes {selected_modes(config) or 'as declared'}"

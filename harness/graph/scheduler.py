@@ -108,20 +108,23 @@ def explicit_steps(
     """Steps given one by one as ``[(req_id, new_tokens), ...]``.
 
     A request's first appearance is its prefill; later appearances continue it (1 token is a
-    decode, more is another chunk). Each request gets blocks for ``max_model_len`` tokens.
+    decode, more is another chunk). Each request gets blocks for all the tokens it will have.
     """
+    totals: dict[str, int] = {}
+    for batch in batches:
+        for req_id, new in batch:
+            totals[req_id] = totals.get(req_id, 0) + new
+    for req_id, total in totals.items():
+        if total > max_model_len:
+            raise ValueError(f"request {req_id} grows to {total} tokens, past max_model_len={max_model_len}")
     allocator = BlockAllocator(num_blocks, block_size)
-    state: dict[str, tuple[tuple[int, ...], int]] = {}
+    blocks = {req_id: tuple(allocator.allocate(req_id, total)) for req_id, total in totals.items()}
+    computed = dict.fromkeys(totals, 0)
     steps = []
     for index, batch in enumerate(batches):
         scheduled = []
         for req_id, new in batch:
-            if req_id not in state:
-                state[req_id] = (tuple(allocator.allocate(req_id, max_model_len)), 0)
-            blocks, computed = state[req_id]
-            if computed + new > max_model_len:
-                raise ValueError(f"step {index}: request {req_id} grows past max_model_len={max_model_len}")
-            scheduled.append(ScheduledRequest(req_id, computed, new, blocks))
-            state[req_id] = (blocks, computed + new)
+            scheduled.append(ScheduledRequest(req_id, computed[req_id], new, blocks[req_id]))
+            computed[req_id] += new
         steps.append(Step(index, tuple(scheduled), tuple(True for _ in scheduled)))
     return steps

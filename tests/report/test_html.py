@@ -1,0 +1,148 @@
+"""The per-item HTML fragment and the summary table, from records of real (tiny) runs."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+
+from harness.report.html import render_item, render_summary
+from harness.report.results import item_record
+from harness.scenario import load_scenario_text
+from harness.session import run_point
+
+TINY = """
+name: tiny
+description: "tiny <script>alert('x')</script> & co"
+workload:
+  requests:
+    - {prompt_len: 5, output_len: 6}
+    - {prompt_len: 3, output_len: 4, arrival_step: 1}
+graph: {mode: FULL, capture_sizes: [1, 2, 4, 8]}
+steps: 6
+"""
+STALE = TINY + "fixes: {host_param_update: false}\nexpect: {fail: [stale_params]}\n"
+UNPADDED_FIA = TINY + "fixes: {fia_padding: false}\n"
+SMALL_POOL = TINY + "engine: {stream_pool: 2}\n"
+ENV = {"torch": "x"}
+
+
+def _record(text: str) -> dict:
+    (point,) = load_scenario_text(text)
+    return item_record(run_point(point), ENV)
+
+
+@pytest.fixture(scope="module")
+def good() -> dict:
+    return _record(TINY)
+
+
+@pytest.fixture(scope="module")
+def stale() -> dict:
+    return _record(STALE)
+
+
+def _text(html: str) -> str:
+    return re.sub(r"<[^>]+>", "", html)
+
+
+def test_passing_item_shows_checks_texts_and_dispatch(good):
+    assert good["outcome"] == "passed"
+    html = render_item(good)
+    assert html.startswith("<style>") and '<div class="gh-item">' in html
+    for name in ("fia_invariant", "equality", "stale_params", "stream_budget"):
+        assert name in html
+    assert html.count(">PASS<") == 4 and ">FAIL<" not in html
+    assert "all four checks passed" in html
+    assert "&lt;string&gt;:2" in html and "emulated" in html
+    # texts side by side, always, even when the check passed
+    assert "Generated texts" in html and "reference tokens" in html
+    assert "5 6 7 8 9 10" in html and "<mark>" not in html
+    # dispatch table
+    assert "Per-step dispatch" in html
+    assert "r0:0+5" in html and "r1:0+3" in html
+    assert "exact FULL key for 8 tokens" in html and ">FULL<" in html
+    assert "real=5, bucket=3" in html
+    assert "gh-diff" not in html.split("Per-step dispatch")[1].split("</table>")[0].replace('class="gh-diff"', "")
+    # stream budget
+    assert "Stream budget" in html and "0.2%" in html
+    # scenario: YAML, collapsed, escaped
+    assert "Scenario as run (YAML)" in html and "<details>" in html
+    assert "mode: FULL" in html
+    assert "<script>" not in html
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in html
+
+
+def test_known_bad_stale_params(stale):
+    assert stale["outcome"] == "xfailed"
+    html = render_item(stale)
+    assert "xfailed (known-bad, failed as expected)" in html
+    assert "capture-time" in html
+    assert "Stale host parameters" in html and "executed (graph)" in html
+    # graph text differs from the reference: highlighted, with repetition scores
+    assert "<mark>" in html
+    assert 'class="gh-diff"' in html
+    assert "1.00 / 6" in html and "0.00 / 1" in html
+    # equality mismatches explained by the stale check, with metadata deepdiff and executed lists
+    assert "Equality:" in html and "explained by another check" in html
+    assert "deepdiff" in html and "iterable_item_added" in html
+    assert "root[&#x27;actual_seq_lengths&#x27;][1]" in html
+    assert "host lists the graph executed" in html and "layer 0: actual_seq_lengths=" in html
+    # rows where paths sampled different tokens are marked
+    steps = html.split("Per-step dispatch")[1]
+    assert "<b>differ</b>" in steps
+
+
+def test_fia_violation_and_stream_budget_failure():
+    fia = render_item(_record(UNPADDED_FIA))
+    assert "FIA invariant: 2 rejected call(s)" in fia
+    assert "561002" in fia and "relaxed would accept" in fia
+    assert "unpadded metadata: last element &lt; T (5 &lt; 8)" in fia
+    assert "Path errors" in fia and "FiaContractError" in fia
+
+    budget = render_item(_record(SMALL_POOL))
+    assert "207008" in budget and "Path errors" in budget and "StreamBudgetError" in budget
+    assert ">FAIL<" in budget
+
+
+def test_fia_table_is_capped():
+    record = {"outcome": "failed", "checks": {"fia_invariant": {
+        "name": "fia_invariant", "passed": False, "summary": "s",
+        "details": {"contract": "strict", "calls": 50,
+                    "violations": [{"step": i, "message": "<bad>", "relaxed_ok": i % 2 == 0} for i in range(50)]}}}}
+    html = render_item(record)
+    assert "30 more violations not shown" in html
+    assert "&lt;bad&gt;" in html and "<bad>" not in html
+
+
+def test_crashed_and_skipped_records_render(good):
+    crashed = copy.deepcopy(good)
+    crashed.update(outcome="failed", verdict="harness error: RuntimeError: <boom>", run={}, checks={},
+                   failed_checks=[], traceback="Traceback (most recent call last):\n  <frame>\nRuntimeError: <boom>")
+    html = render_item(crashed)
+    assert "no check ran" in html and "no run evidence" in html
+    assert "Traceback" in html and "&lt;boom&gt;" in html and "<boom>" not in html
+
+    (point,) = load_scenario_text(TINY + "features: {sp: {tp: 2}}\n")
+    skipped = item_record(run_point(point), ENV)
+    assert skipped["outcome"] == "skipped" and skipped["run"] == {}
+    html = render_item(skipped)
+    assert "skipped" in html and "not supported" in html
+
+    # hand-made partial / malformed records never raise
+    for partial in ({}, {"outcome": "failed"}, {"run": None, "checks": None, "scenario": None},
+                    {"run": {"steps": [{"requests": [["r0"]], "sampled": None}], "stream_usage": {"in_use": 1}},
+                     "checks": {"equality": {"passed": False, "details": {"mismatches": [{"metadata_diff": {"x": 1}}]}},
+                                "stale_params": {"details": {"texts": {"graph": {"r0": [1, 2]}}}}}}):
+        assert '<div class="gh-item">' in render_item(partial)
+
+
+def test_summary(good, stale):
+    crashed = dict(good, outcome="failed", run={})
+    html = render_summary([good, stale, crashed, {"outcome": "skipped", "scenario": {"graph": {"mode": "PIECEWISE"}}}])
+    text = _text(html)
+    assert "passed" in text and "xfailed" in text and "skipped" in text
+    assert "FULL" in text and "PIECEWISE" in text
+    assert "max stream utilisation" in text and "0.2%" in text
+    assert render_summary([]).count("<table>") == 2
