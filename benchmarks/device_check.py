@@ -263,7 +263,7 @@ class Context:
         diffs, agree = self.run_workload(lambda buf, lists: self.device_metadata_attend(buf), "device-metadata")
         worst = max(diffs)
         assert worst <= TOL, f"replay differs from eager by {worst:.3g} > {TOL} (per step: {diffs})"
-        return (f"{len(diffs)} decode steps, bucket T={BUCKET}, max |diff| {worst:.2e} <= {TOL}, "
+        return (f"{len(diffs)} decode steps, bucket T={BUCKET}, max abs diff {worst:.2e} <= {TOL}, "
                 f"argmax equal on {agree}/{len(diffs)} steps")
 
     def check_stale_control(self) -> str:
@@ -274,7 +274,7 @@ class Context:
             f"host lists frozen at capture should give stale logits after the lengths change, but the "
             f"differences are {later}: the full-graph check could not detect staleness"
         )
-        return f"step 0 max |diff| {diffs[0]:.1e}; later steps stale, min max|diff| {min(later):.3g}"
+        return f"step 0 max abs diff {diffs[0]:.1e}; later steps stale, smallest max abs diff {min(later):.3g}"
 
     def check_unsupported(self) -> str:
         from harness.engine import UnsupportedOnBackend

@@ -66,7 +66,7 @@ def test_minimal_file_gets_defaults(tmp_path):
         "canary", 2, 64, 4, 2, 16,
     )
     assert (m.vocab_size, m.dtype, m.seed, m.block_size, m.num_blocks, m.max_model_len) == (
-        256, "float32", 0, 16, 128, 512,
+        512, "float32", 0, 16, 128, 512,
     )
     g = s.graph
     assert (g.mode, g.capture_sizes, g.max_num_seqs, g.num_speculative_tokens) == ("FULL", None, 8, 0)
