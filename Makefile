@@ -12,7 +12,6 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml requirements-cpu.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-cpu.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
