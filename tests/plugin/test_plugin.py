@@ -1,0 +1,127 @@
+"""The pytest plugin, driven through pytester: collection, ids, --mode, errors, reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+# Imported here so that pytester's in-process runs find them in sys.modules and never import
+# them twice (torch.library ops can be defined only once per process).
+import harness.pytest_plugin  # noqa: F401
+import harness.report.html  # noqa: F401
+import harness.session  # noqa: F401
+
+pytest_plugins = ["pytester"]
+
+GOOD = """
+name: tiny
+graph: {{capture_sizes: [1, 2, 4]{mode}}}
+steps: 3
+workload:
+  requests:
+    - {{prompt_len: 3, output_len: 3}}
+{extra}
+"""
+
+
+def _write(pytester: pytest.Pytester, path: str, text: str) -> None:
+    target = pytester.path / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest('pytest_plugins = ["harness.pytest_plugin"]')
+    return pytester
+
+
+def test_matrix_points_become_items_with_selectable_ids(project):
+    _write(project, "scenarios/a.yaml", GOOD.format(mode="", extra="matrix:\n  graph.mode: [FULL, PIECEWISE]\n  model.dtype: [float32, bfloat16]"))
+    result = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines([
+        "scenarios/a.yaml::tiny[[]FULL-float32[]]",
+        "scenarios/a.yaml::tiny[[]FULL-bfloat16[]]",
+        "scenarios/a.yaml::tiny[[]PIECEWISE-float32[]]",
+        "scenarios/a.yaml::tiny[[]PIECEWISE-bfloat16[]]",
+    ])
+    selected = project.runpytest("--collect-only", "-q", "-k", "PIECEWISE and bfloat16", "-p", "no:cacheprovider")
+    selected.stdout.fnmatch_lines(["*tiny[[]PIECEWISE-bfloat16[]]", "*1/4 tests collected*"])
+
+
+def test_mode_option_intersects_with_the_mode_axis(project):
+    _write(project, "scenarios/axis.yaml", GOOD.format(mode="", extra="matrix:\n  graph.mode: [FULL, PIECEWISE, NONE]"))
+    _write(project, "scenarios/fixed.yaml", GOOD.format(mode=", mode: PIECEWISE", extra=""))
+    _write(project, "scenarios/free.yaml", GOOD.format(mode="", extra=""))
+    result = project.runpytest("--collect-only", "-q", "--mode=FULL,NONE", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines_random([
+        "scenarios/axis.yaml::tiny[[]FULL[]]",
+        "scenarios/axis.yaml::tiny[[]NONE[]]",
+        "scenarios/free.yaml::tiny[[]FULL[]]",  # names no mode: runs in each selected mode
+        "scenarios/free.yaml::tiny[[]NONE[]]",
+    ])
+    assert "PIECEWISE" not in result.stdout.str()
+
+
+def test_bad_mode_is_a_usage_error(project):
+    result = project.runpytest("--mode=FAST")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--mode*FAST*"])
+
+
+def test_bad_file_is_reported_with_line_and_field_while_the_rest_runs(project):
+    _write(project, "scenarios/good.yaml", GOOD.format(mode=", mode: FULL", extra=""))
+    _write(project, "scenarios/bad.yaml", "name: bad\nmodel:\n  num_heads: 6\n  num_kv_heads: 4\nworkload:\n  requests: []\n")
+    result = project.runpytest("-p", "no:cacheprovider", "-q")
+    result.stdout.fnmatch_lines(["*scenarios/bad.yaml:4: model.num_kv_heads: 6 heads are not divisible by 4 KV heads*"])
+    result.assert_outcomes(passed=1, errors=1)
+    assert "Traceback" not in result.stdout.str()
+
+
+def test_known_bad_is_xfail_and_an_unexpected_pass_fails(project):
+    bad = "fixes: {host_param_update: false}\nexpect:\n  fail: [stale_params]"
+    wrong = "expect:\n  fail: [stale_params]"  # nothing is broken: it must not pass quietly
+    _write(project, "scenarios/bad.yaml", GOOD.format(mode=", mode: FULL", extra=bad))
+    _write(project, "scenarios/wrong.yaml", GOOD.format(mode=", mode: FULL", extra=wrong))
+    result = project.runpytest("-p", "no:cacheprovider", "-rxf")
+    result.assert_outcomes(xfailed=1, failed=1)
+    result.stdout.fnmatch_lines(["*known-bad scenario passed unexpectedly: expected stale_params to fail*"])
+
+
+def test_skip_by_design_is_reported_as_skipped(project):
+    _write(project, "scenarios/skip.yaml", GOOD.format(mode=", mode: FULL", extra="expect: {skip: cascade attention excludes FULL}"))
+    result = project.runpytest("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*unsupported by design: cascade attention excludes FULL*"])
+
+
+def test_json_results_and_junit_properties_are_written_even_when_items_fail(project):
+    _write(project, "scenarios/fail.yaml", GOOD.format(mode=", mode: FULL", extra="fixes: {fia_padding: false}"))
+    _write(project, "scenarios/ok.yaml", GOOD.format(mode=", mode: PIECEWISE", extra=""))
+    result = project.runpytest("-p", "no:cacheprovider", "--results-json=out/results.json", "--junitxml=out/junit.xml")
+    result.assert_outcomes(passed=1, failed=1)
+    data = json.loads((project.path / "out/results.json").read_text())
+    assert data["summary"] == {"failed": 1, "passed": 1}
+    by_name = {item["source"].split("/")[-1].split(":")[0]: item for item in data["items"]}
+    assert by_name["fail.yaml"]["failed_checks"] == ["fia_invariant"]
+    assert "561002" in by_name["fail.yaml"]["checks"]["fia_invariant"]["summary"]
+    assert data["environment"]["torch"]
+    junit = (project.path / "out/junit.xml").read_text()
+    assert 'name="graphs_captured"' in junit and 'name="failed_checks" value="fia_invariant"' in junit
+
+
+def test_html_report_embeds_the_item_explanation(project):
+    _write(project, "scenarios/bad.yaml", GOOD.format(mode=", mode: FULL", extra="fixes: {host_param_update: false}"))
+    result = project.runpytest("-p", "no:cacheprovider", "--html=report.html", "--self-contained-html")
+    result.assert_outcomes(failed=1)
+    html = (project.path / "report.html").read_text()
+    assert "graph-harness: graph-mode scenarios" in html
+    assert "capture-time" in html and "stale_params" in html
+
+
+def test_xdist_workers_send_their_records_to_the_controller(project):
+    _write(project, "scenarios/a.yaml", GOOD.format(mode="", extra="matrix:\n  graph.mode: [FULL, PIECEWISE, NONE]"))
+    result = project.runpytest("-p", "no:cacheprovider", "-n", "2", "--results-json=r.json")
+    result.assert_outcomes(passed=3)
+    assert len(json.loads((project.path / "r.json").read_text())["items"]) == 3
