@@ -154,3 +154,24 @@ def test_capture_begin_end_by_hand_on_a_side_stream(npu):
     g.replay()
     npu.synchronize()
     assert torch.equal(out, torch.full((2,), 2.0))
+
+
+def test_allocations_are_not_replayed(npu):
+    """torch.empty launches no kernel: a buffer keeps the last replay's result until rewritten."""
+    x = torch.ones(4)
+    event = npu.ExternalEvent()
+    g = npu.NPUGraph()
+    with npu.graph(g):
+        out = torch.empty_like(x)
+        stream = npu.current_stream()
+        event.wait(stream)
+        event.reset(stream)
+        out.copy_(x * 3)
+    event.record(npu.current_stream())
+    g.replay()
+    npu.synchronize()
+    assert out.tolist() == [3.0] * 4
+    g.replay()  # stalls at the event: the buffer must still hold the previous result
+    assert out.tolist() == [3.0] * 4
+    event.record(npu.Stream())
+    npu.synchronize()

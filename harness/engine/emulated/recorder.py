@@ -13,7 +13,8 @@ a capture nothing is computed; each op becomes a node, and the tape is what a re
 * ops that write their arguments (in-place, ``.out``) are not run: capture has no visible side
   effect; replay runs them once each;
 * views are made now (they compute nothing) and skipped on replay, since they alias storage
-  that the replay fills in place;
+  that the replay fills in place; so are pure allocations (``empty``, ``empty_like``), which
+  launch no kernel: their memory keeps whatever the last replay wrote;
 * host synchronisations (``.item()``, ``bool(t)``, ``torch.equal``, ``nonzero``, boolean-mask
   indexing, ``.tolist()``, ``.numpy()``) raise :class:`CaptureError` with the runtime's message;
   so do RNG ops unless the capture allows them.
@@ -34,9 +35,13 @@ from ..errors import CAPTURE_SYNC_MESSAGE, CaptureError
 from .pool import Block, MemoryPool
 from .streams import ExternalEvent, WaitFor
 
-NodeKind = Literal["functional", "mutating", "view"]
+NodeKind = Literal["functional", "mutating", "view", "allocation"]
 
 _BOOL_INDEX_OPS = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
+
+#: Pure allocations launch no kernel on a device: a replay must leave their memory alone.
+_ALLOCATION_OPS = {"aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided",
+                   "aten::new_empty_strided", "aten::empty_permuted"}
 
 #: Ops whose host arguments a graph captured with ``auto_dispatch_capture=True`` may update.
 #: ``harness.ops`` registers the FIA op here; the engine knows nothing about attention.
@@ -74,7 +79,7 @@ class OpNode:
         raise KeyError(f"{self.name} has no argument {name!r}")
 
     def run(self) -> None:
-        if self.kind == "view":
+        if self.kind in ("view", "allocation"):
             return
         result = self.func(*self.args, **self.kwargs)
         if self.kind == "functional":
@@ -190,6 +195,8 @@ class Capture:
         else:
             result = self._allocate_outputs(func, args, kwargs)
             node.outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
+            if schema.name in _ALLOCATION_OPS:
+                node.kind = "allocation"
         self._add(node)
         return result
 
