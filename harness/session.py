@@ -8,6 +8,7 @@ call :func:`run_point` alike.
 
 from __future__ import annotations
 
+import math
 import platform
 import time
 import traceback
@@ -20,13 +21,17 @@ import harness
 from harness.checks import CHECKS, EXECUTION, CheckResult, run_checks
 from harness.engine import load, resolve
 from harness.engine.emulated.device import StreamConfig
+from harness.features import active_features
 from harness.graph.capture_sizes import resolve_capture_sizes
 from harness.graph.modes import parse_mode
-from harness.graph.pipeline import PipelineSpec, prompt_tokens, run_pipeline
-from harness.graph.record import RunRecord
+from harness.graph.pipeline import PipelineSpec, Workload, run_pipeline
+from harness.graph.record import PathError, RunRecord
 from harness.graph.runner import Fixes, GraphConfig
-from harness.graph.scheduler import RequestPlan, explicit_steps, schedule
-from harness.model import ModelConfig
+from harness.graph.scheduler import RequestPlan
+from harness.graph.shape import SINGLE_RANK, RankContext
+from harness.model import DecoderLM, ModelConfig
+from harness.model.parallel import ParallelContext
+from harness.ranks import run_ranks
 from harness.scenario import Scenario, ScenarioPoint
 
 #: Outcomes, in pytest's vocabulary.
@@ -64,25 +69,32 @@ def environment(backend: str) -> dict[str, str]:
 
 
 def unsupported_reason(scenario: Scenario) -> str | None:
-    """Why a point cannot run yet (the item is then skipped with this reason)."""
-    f = scenario.features
-    active = [name for name, on in (("SP", f.sp.tp > 1), ("DP", f.dp.size > 1), ("MTP", f.mtp.k > 0),
-                                     ("CP", f.cp.size > 1)) if on]
-    if active:
-        return f"features {', '.join(active)} are not supported by this harness version"
+    """Why a point cannot run here (the item is then skipped with this reason)."""
+    data = scenario.model_dump(mode="json")
+    for feature in scenario_features(scenario):
+        reason = feature.unsupported(data)
+        if reason:
+            return f"{feature.name}: {reason}"
     return None
 
 
-def build_spec(scenario: Scenario) -> tuple[PipelineSpec, list[int]]:
+def scenario_features(scenario: Scenario) -> list[Any]:
+    return active_features(scenario.features.model_dump(), scenario.fixes.model_dump())
+
+
+def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[PipelineSpec, list[int]]:
     m, g, w = scenario.model, scenario.graph, scenario.workload
     model = ModelConfig(kind=m.kind, num_layers=m.layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
                         num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, vocab_size=m.vocab_size,
                         dtype=m.dtype, seed=m.seed, block_size=m.block_size, num_blocks=m.num_blocks,
                         max_model_len=m.max_model_len)
+    features = scenario_features(scenario)
     k = scenario.features.mtp.k
-    sizes = resolve_capture_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform, num_speculative_tokens=k,
+    sizes = resolve_capture_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform, num_speculative_tokens=0,
                                   capture_sizes=g.capture_sizes, max_capture_size=g.max_capture_size,
                                   max_num_batched_tokens=w.max_num_batched_tokens)
+    for feature in features:
+        sizes = feature.capture_sizes(sizes, max(sizes))
     fixes = Fixes(fia_padding=scenario.fixes.fia_padding, host_param_update=scenario.fixes.host_param_update,
                   static_inputs=scenario.fixes.static_inputs)
     graph = GraphConfig(parse_mode(g.mode), tuple(sizes), g.max_num_seqs, 1 + k, g.warmup_runs, fixes)
@@ -92,20 +104,28 @@ def build_spec(scenario: Scenario) -> tuple[PipelineSpec, list[int]]:
             for _ in range(request.repeat):
                 plans.append(RequestPlan(f"r{len(plans)}", request.prompt_len, request.output_len,
                                          request.arrival_step))
-        steps = schedule(plans, block_size=m.block_size, num_blocks=m.num_blocks, max_num_seqs=g.max_num_seqs,
-                         max_num_batched_tokens=w.max_num_batched_tokens, max_steps=scenario.steps,
-                         decode_query_len=1 + k)
-        lengths = {p.req_id: p.prompt_len for p in plans}
+        plans = dp_share(plans, ctx, scenario.features.dp.batches)
+        workload = Workload(requests=tuple(plans), max_num_batched_tokens=w.max_num_batched_tokens,
+                            prompt_seed=w.prompt_seed)
     else:
-        batches = [[(str(e.req), e.new_tokens) for e in step] for step in w.steps]
-        steps = explicit_steps(batches[: scenario.steps], block_size=m.block_size, num_blocks=m.num_blocks,
-                               max_model_len=m.max_model_len)
-        lengths = {}
-        for step in steps:
-            for req in step.requests:
-                lengths[req.req_id] = max(lengths.get(req.req_id, 0), req.seq_len)
-    prompts = prompt_tokens(list(lengths), list(lengths.values()), m.vocab_size, w.prompt_seed)
-    return PipelineSpec(model, graph, tuple(steps), prompts, scenario.fia_contract), sizes
+        batches = tuple(tuple((str(e.req), e.new_tokens) for e in step) for step in w.steps)
+        workload = Workload(explicit=batches, max_num_batched_tokens=w.max_num_batched_tokens,
+                            prompt_seed=w.prompt_seed)
+    spec = PipelineSpec(model, graph, workload, scenario.steps, scenario.fia_contract, tuple(features),
+                        num_speculative_tokens=k)
+    return spec, sizes
+
+
+def dp_share(plans: list[RequestPlan], ctx: RankContext, batches: str) -> list[RequestPlan]:
+    """This DP rank's requests: round robin, or (unequal) rank 0 takes two thirds of them."""
+    if ctx.dp == 1:
+        return plans
+    if batches == "equal":
+        return plans[ctx.dp_rank :: ctx.dp]
+    cut = -(-2 * len(plans) // 3)
+    if ctx.dp_rank == 0:
+        return plans[:cut]
+    return plans[cut:][ctx.dp_rank - 1 :: ctx.dp - 1]
 
 
 def decide(expect, checks: dict[str, CheckResult]) -> tuple[str, str]:
@@ -145,28 +165,123 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
     if scenario.expect.outcome == "skip":
         result.verdict = f"unsupported by design: {scenario.expect.skip}"
         return result
-    reason = unsupported_reason(scenario)
-    if reason:
-        result.verdict = reason
-        return result
     started = time.perf_counter()
-    engine = load(resolved)
     try:
-        spec, sizes = build_spec(scenario)
-        record = RunRecord(scenario.graph.mode, resolved, sizes)
-        result.record = record
-        per_group = 1 if scenario.engine.hccl_mode == "AIV" else 2
-        engine.reset_device(StreamConfig(scenario.engine.stream_pool, scenario.engine.streams_per_graph, per_group))
-        run_pipeline(spec, engine, record)
-        tolerance = (scenario.tolerance.atol, scenario.tolerance.rtol) if scenario.tolerance else None
-        result.checks = run_checks(record, contract=scenario.fia_contract, dtype=scenario.model.dtype,
-                                   bitwise_replay=engine.bitwise_replay, tolerance=tolerance)
+        reason = unsupported_reason(scenario)
+        if reason:
+            result.verdict = reason
+            return result
+        world = world_size(scenario)
+        if world > 1:
+            result.checks, result.record, notes = _run_ranks(scenario, resolved, world)
+            result.record.notes.extend(notes)
+        else:
+            result.record, result.checks = run_rank(scenario, resolved)
         result.outcome, result.verdict = decide(scenario.expect, result.checks)
     except Exception as error:  # noqa: BLE001 - a crash is this item's result, never the suite's
         result.outcome = FAILED
         result.verdict = f"harness error: {type(error).__name__}: {error}"
         result.traceback = traceback.format_exc()
     finally:
-        engine.reset_device()
         result.duration = time.perf_counter() - started
     return result
+
+
+def world_size(scenario: Scenario) -> int:
+    return math.prod(feature.ranks() for feature in scenario_features(scenario))
+
+
+def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK) -> tuple[RunRecord, dict[str, CheckResult]]:
+    """One rank's whole job: build, run the pipeline, check."""
+    spec, sizes = build_spec(scenario, ctx)
+    engine = load(backend)
+    record = RunRecord(scenario.graph.mode, backend, sizes)
+    per_group = 1 if scenario.engine.hccl_mode == "AIV" else 2
+    engine.reset_device(StreamConfig(scenario.engine.stream_pool, scenario.engine.streams_per_graph, per_group))
+    try:
+        run_pipeline(spec, engine, record, ctx, rank_model=_rank_model(ctx))
+    finally:
+        engine.reset_device()
+    tolerance = (scenario.tolerance.atol, scenario.tolerance.rtol) if scenario.tolerance else None
+    checks = run_checks(record, contract=scenario.fia_contract, dtype=scenario.model.dtype,
+                        bitwise_replay=engine.bitwise_replay, tolerance=tolerance)
+    return record, checks
+
+
+def _rank_model(ctx: RankContext):
+    """This rank's model: the single-rank one, or its tensor/sequence-parallel shard."""
+    if ctx.tp == 1:
+        return None
+
+    def shard(reference: DecoderLM) -> DecoderLM:
+        parallel = ParallelContext(ctx.tp, ctx.tp_rank, ctx.tp_group, sequence_parallel=True)
+        return DecoderLM(reference.config, parallel)
+
+    return shard
+
+
+# -- multi-rank ---------------------------------------------------------------------------------
+RANK_TIMEOUT_S = 300.0
+
+
+def _run_ranks(scenario: Scenario, backend: str, world: int) -> tuple[dict[str, CheckResult], RunRecord, list[str]]:
+    outcome = run_ranks(_rank_job, world, args=(scenario.model_dump(mode="json"), backend),
+                        timeout=RANK_TIMEOUT_S)
+    features = scenario.features
+    layout = f"{world} ranks (dp {features.dp.size} x tp {features.sp.tp} x cp {features.cp.size})"
+    if not outcome.ok:
+        record = RunRecord(scenario.graph.mode, backend, [])
+        failure = outcome.failures[0]
+        record.errors.append(PathError("graph", None, f"rank {failure.rank}", failure.kind, failure.message))
+        summary = f"rank {failure.rank} {failure.kind}: {failure.message}"
+        checks = {EXECUTION: CheckResult(EXECUTION, False, summary, None, {"ranks": outcome.report()})}
+        return checks, record, [layout, outcome.report()]
+    per_rank = outcome.results
+    merged: dict[str, CheckResult] = {}
+    for name in per_rank[0][1]:
+        results = [(rank, checks[name]) for rank, (_, checks) in enumerate(per_rank) if name in checks]
+        failing = [(rank, r) for rank, r in results if not r.passed]
+        rank, chosen = failing[0] if failing else results[0]
+        summary = f"rank {rank}: {chosen.summary}" if failing else f"{chosen.summary} (all {world} ranks)"
+        merged[name] = CheckResult(name, not failing, summary, chosen.first_step,
+                                   {**chosen.details, "ranks_failing": [r for r, _ in failing]})
+    for rank, (_, checks) in enumerate(per_rank):  # a check that failed on some rank only
+        for name, check in checks.items():
+            if name not in merged:
+                merged[name] = CheckResult(name, check.passed, f"rank {rank}: {check.summary}", check.first_step,
+                                           check.details)
+    shown = next((rank for rank, (_, checks) in enumerate(per_rank) if any(not c.passed for c in checks.values())), 0)
+    return merged, per_rank[shown][0], [layout, f"the run evidence shown is rank {shown}'s"]
+
+
+def _rank_job(rank: int, world: int, scenario_json: dict, backend: str):
+    scenario = Scenario.model_validate(scenario_json)
+    ctx = rank_context(scenario, rank, world)
+    record, checks = run_rank(scenario, backend, ctx)
+    for step in record.steps:
+        step.logits = {}  # tensors stay on the rank: the checks have read them
+    return record, checks
+
+
+def rank_context(scenario: Scenario, rank: int, world: int) -> RankContext:
+    """Split the world into DP x TP x CP groups (every rank creates every group, in order)."""
+    import torch.distributed as dist
+
+    dp, tp, cp = scenario.features.dp.size, scenario.features.sp.tp, scenario.features.cp.size
+    coords = {r: (r // (tp * cp), (r // cp) % tp, r % cp) for r in range(world)}
+    groups: dict[str, Any] = {}
+    for axis, index in (("dp", 0), ("tp", 1), ("cp", 2)):
+        size = (dp, tp, cp)[index]
+        if size == 1:
+            continue
+        members: dict[tuple, list[int]] = {}
+        for r, c in coords.items():
+            key = tuple(v for i, v in enumerate(c) if i != index)
+            members.setdefault(key, []).append(r)
+        for key in sorted(members):
+            group = dist.new_group(members[key])
+            if rank in members[key]:
+                groups[axis] = group
+    dp_rank, tp_rank, cp_rank = coords[rank]
+    return RankContext(rank, world, dp, dp_rank, groups.get("dp"), tp, tp_rank, groups.get("tp"),
+                       cp, cp_rank, groups.get("cp"))

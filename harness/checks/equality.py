@@ -69,6 +69,13 @@ def _first_row_mismatch(step: StepRecord, a: torch.Tensor, b: torch.Tensor, tol:
             "rows_differing": len(bad_rows)}
 
 
+def _divergence_step(record: RunRecord, path: str) -> int | None:
+    for step in record.steps:
+        if step.sampled.get(path) != step.sampled.get("reference"):
+            return step.step
+    return record.steps[-1].step if record.steps else None
+
+
 def check_equality(record: RunRecord, *, dtype: str, bitwise_replay: bool,
                    override: tuple[float, float] | None = None,
                    explained_from: int | None = None) -> CheckResult:
@@ -96,9 +103,22 @@ def check_equality(record: RunRecord, *, dtype: str, bitwise_replay: bool,
             if step.executed is not None:
                 found["executed_host_lists"] = step.executed
             mismatches.append(found)
+    plain = record.texts.get("plain")
+    if plain is not None:  # speculative decoding: greedy spec output must equal greedy plain output
+        compared += 1
+        for path in ("reference", "graph"):
+            text = record.texts.get(path, {})
+            differing = [req for req in plain if text.get(req) != plain[req]]
+            if differing and not record.error_of(path):
+                req = differing[0]
+                mismatches.append({"step": _divergence_step(record, path), "paths": f"{path} (speculative) vs plain greedy",
+                                   "effect": "speculative decoding changed the output", "request": req,
+                                   "tokens": {path: text.get(req), "plain": plain[req]},
+                                   "runtime_mode": "-", "bucket": "-"})
     details = {"compared": compared, "mismatches": mismatches[:20],
                "tolerance": {"graph_vs_padded": vars(graph_tol), "padded_vs_reference": vars(padding_tol)}}
-    unexplained = [m for m in mismatches if explained_from is None or m["step"] < explained_from]
+    unexplained = [m for m in mismatches
+                   if explained_from is None or m["step"] is None or m["step"] < explained_from]
     if not unexplained:
         summary = f"{compared} comparisons equal" + (" (bitwise graph vs padded)" if graph_tol.bitwise else "")
         if mismatches:

@@ -62,6 +62,7 @@ class RunRecord:
     memory: dict[str, Any] = field(default_factory=dict)
     budget: dict[str, Any] = field(default_factory=dict)  # the capture-size policy's decision
     notes: list[str] = field(default_factory=list)
+    speculation: dict[str, dict[str, int]] = field(default_factory=dict)  # path -> proposed/accepted
 
     def error_of(self, path: str) -> PathError | None:
         return next((e for e in self.errors if e.path == path), None)

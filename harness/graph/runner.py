@@ -19,8 +19,8 @@ off and show that the harness catches the bug it prevents.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -33,7 +33,7 @@ from harness.graph.metadata import (
     pad_attention_metadata,
 )
 from harness.graph.modes import CUDAGraphMode
-from harness.model import Attend, DecoderLM, PagedKVCache, make_eager_attend
+from harness.model import Attend, DecoderLM, PagedKVCache
 from harness.ops import (
     fia_call_tags,
     get_max_workspace,
@@ -51,6 +51,36 @@ class Fixes:
     fia_padding: bool = True  # dummy requests so actual_seq_lengths[-1] == T (PR #6475)
     host_param_update: bool = True  # task-group update of FIA host lists after replay
     static_inputs: bool = True  # copy inputs into the captured buffers (not a fresh tensor)
+
+
+@dataclass(frozen=True)
+class AttentionStyle:
+    """How attention runs around the FIA call: its mask, and a merge of partial results.
+
+    Context parallel runs FIA over this rank's KV shard without a causal mask (causality is in
+    its per-token KV lengths) and merges the ranks' outputs by their softmax LSE (``combine``).
+    """
+
+    sparse_mode: int = 3
+    combine: Callable[[Tensor, Tensor], Tensor] | None = None
+
+
+def fia_attend(model: DecoderLM, meta: AttentionMetadata, block_table: Tensor,
+               style: AttentionStyle = AttentionStyle()) -> Attend:
+    """Eager attention for ``meta``: FIA on this rank's heads with the live host lists."""
+
+    def attend(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
+        with fia_call_tags(layer=layer):
+            out, lse = npu_fused_infer_attention_score(
+                query, key_cache, value_cache,
+                actual_seq_lengths=list(meta.actual_seq_lengths), actual_seq_lengths_kv=list(meta.seq_lens),
+                block_table=block_table, block_size=model.config.block_size,
+                num_heads=model.local_num_heads, num_key_value_heads=model.local_num_kv_heads,
+                scale=model.attention_scale, input_layout="TND", sparse_mode=style.sparse_mode,
+                softmax_lse_flag=style.combine is not None)
+        return style.combine(out, lse) if style.combine else out
+
+    return attend
 
 
 @dataclass(frozen=True)
@@ -88,33 +118,20 @@ def _block_table(meta: AttentionMetadata, rows: int | None = None) -> Tensor:
     return table
 
 
-def tagged(attend: Attend) -> Attend:
-    """Tag each FIA call with its layer, so a violation names the layer it happened in."""
-
-    def attend_tagged(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
-        with fia_call_tags(layer=layer):
-            return attend(layer, query, key_cache, value_cache)
-
-    return attend_tagged
-
-
 class EagerRunner:
     """Runs a step eagerly with the metadata it is given (the reference and padded paths)."""
 
-    def __init__(self, model: DecoderLM, kv_cache: PagedKVCache) -> None:
-        self.model, self.kv_cache = model, kv_cache
+    def __init__(self, model: DecoderLM, kv_cache: PagedKVCache, style: AttentionStyle = AttentionStyle()) -> None:
+        self.model, self.kv_cache, self.style = model, kv_cache, style
 
     def execute(self, inputs: StepInputs) -> Tensor:
         meta = inputs.meta
-        attend = tagged(make_eager_attend(
-            self.model.config, meta.actual_seq_lengths, meta.seq_lens, _block_table(meta)
-        ))
         logits = self.model(
             torch.tensor(inputs.input_ids, dtype=torch.int64),
             torch.tensor(meta.positions, dtype=torch.int64),
             torch.tensor(meta.slot_mapping, dtype=torch.int64),
             self.kv_cache,
-            attend,
+            fia_attend(self.model, meta, _block_table(meta), self.style),
         )
         return logits[: meta.num_actual_tokens]
 
@@ -149,8 +166,9 @@ class GraphRunner:
     """Captures the graphs of one configuration and runs steps through them."""
 
     def __init__(self, engine: Any, model: DecoderLM, kv_cache: PagedKVCache, config: GraphConfig,
-                 *, max_blocks_per_req: int) -> None:
+                 *, max_blocks_per_req: int, style: AttentionStyle = AttentionStyle()) -> None:
         self.engine, self.model, self.kv_cache, self.config = engine, model, kv_cache, config
+        self.style = style
         q = config.uniform_decode_query_len
         self.dispatcher = Dispatcher(config.mode, config.capture_sizes, q, config.max_num_seqs)
         self.max_blocks = max_blocks_per_req
@@ -212,11 +230,12 @@ class GraphRunner:
             actual_seq_lengths_kv=list(meta.seq_lens),
             block_table=self.block_table,
             block_size=cfg.block_size,
-            num_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads,
+            num_heads=self.model.local_num_heads,
+            num_key_value_heads=self.model.local_num_kv_heads,
             scale=self.model.attention_scale,
             input_layout="TND",
-            sparse_mode=3,
+            sparse_mode=self.style.sparse_mode,
+            softmax_lse_flag=self.style.combine is not None,
         )
 
     def _capture_attend(self, meta: AttentionMetadata, layers: list[LayerTask]):
@@ -238,7 +257,7 @@ class GraphRunner:
                                                     workspace=workspace, out=(out, lse))
             handle = engine.graph_task_group_end(stream)
             layers.append(LayerTask(handle, event, query, out, lse, workspace))
-            return out
+            return self.style.combine(out, lse) if self.style.combine else out
 
         return attend
 
@@ -247,9 +266,9 @@ class GraphRunner:
 
         def attend(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
             with fia_call_tags(layer=layer):
-                out, _ = npu_fused_infer_attention_score(query, key_cache, value_cache,
-                                                         **self._fia_kwargs(meta))
-            return out
+                out, lse = npu_fused_infer_attention_score(query, key_cache, value_cache,
+                                                           **self._fia_kwargs(meta))
+            return self.style.combine(out, lse) if self.style.combine else out
 
         return attend
 
@@ -266,7 +285,7 @@ class GraphRunner:
             graphs.append(graph)
             outputs.append(outs)
             if i < cfg.num_layers:
-                attn_in = torch.zeros(size, cfg.num_heads, cfg.head_dim, dtype=model.dtype)
+                attn_in = torch.zeros(size, model.local_num_heads, cfg.head_dim, dtype=model.dtype)
                 attn_inputs.append(attn_in)
                 inputs = (attn_in, outs[1])
         return PiecewiseGraphs(graphs, outputs, attn_inputs)
@@ -282,6 +301,24 @@ class GraphRunner:
         q = self.config.uniform_decode_query_len
         return self.dispatcher.dispatch(meta.num_actual_tokens, meta.num_reqs,
                                         is_uniform_decode(meta.query_lens, q))
+
+    def redecide(self, shape: Any, meta: AttentionMetadata) -> DispatchDecision:
+        """Dispatch again for a shape the DP ranks agreed on (max tokens, min mode)."""
+        if shape.runtime_mode == "NONE":
+            return DispatchDecision(CUDAGraphMode.NONE, None, shape.num_tokens,
+                                    f"DP agreed: eager with {shape.num_tokens} tokens")
+        q = self.config.uniform_decode_query_len
+        uniform = shape.uniform_decode and shape.num_tokens % q == 0
+        decision = self.dispatcher.dispatch(shape.num_tokens, shape.num_tokens // q if uniform else 1, uniform,
+                                            disable_full=shape.runtime_mode != "FULL")
+        return replace(decision, reason=f"DP agreed {shape.num_tokens} tokens, {shape.runtime_mode}: {decision.reason}")
+
+    def idle_metadata(self, num_tokens: int) -> AttentionMetadata:
+        """An idle DP rank's batch: one dummy request of KV length 0 holding every token."""
+        dummy = ScheduledRequest("idle", 0, num_tokens, (0,) * self.max_blocks)
+        meta = build_attention_metadata([dummy], self.kv_cache.config.block_size, self.max_blocks)
+        return _with(meta, seq_lens=[0], slot_mapping=[-1] * num_tokens, positions=[0] * num_tokens,
+                     num_actual_tokens=0, padding_source=f"idle DP rank: {num_tokens} dummy tokens")
 
     def pad(self, meta: AttentionMetadata, decision: DispatchDecision) -> AttentionMetadata:
         return pad_attention_metadata(
@@ -309,13 +346,12 @@ class GraphRunner:
         return logits[: meta.num_actual_tokens].clone(), executed
 
     def _run_eager(self, meta: AttentionMetadata, input_ids: list[int]) -> Tensor:
-        return EagerRunner(self.model, self.kv_cache).execute(StepInputs(meta, input_ids)) \
+        return EagerRunner(self.model, self.kv_cache, self.style).execute(StepInputs(meta, input_ids)) \
             if meta.num_actual_tokens == meta.num_input_tokens else \
             self._eager_padded(meta, input_ids)
 
     def _eager_padded(self, meta: AttentionMetadata, input_ids: list[int]) -> Tensor:
-        attend = tagged(make_eager_attend(self.model.config, meta.actual_seq_lengths, meta.seq_lens,
-                                          _block_table(meta)))
+        attend = fia_attend(self.model, meta, _block_table(meta), self.style)
         return self.model(torch.tensor(input_ids, dtype=torch.int64),
                           torch.tensor(meta.positions, dtype=torch.int64),
                           torch.tensor(meta.slot_mapping, dtype=torch.int64), self.kv_cache, attend)
@@ -360,13 +396,13 @@ class GraphRunner:
 
     def _replay_pieces(self, pieces: PiecewiseGraphs, meta: AttentionMetadata) -> Tensor:
         engine, cfg = self.engine, self.model.config
-        attend = make_eager_attend(cfg, meta.actual_seq_lengths, meta.seq_lens, self.block_table)
+        attend = fia_attend(self.model, meta, self.block_table, self.style)
         for i, graph in enumerate(pieces.graphs):
             graph.replay()
             engine.synchronize()
             if i < cfg.num_layers:
                 query = pieces.outputs[i][0]
-                with fia_call_tags(phase="between-pieces", layer=i):
+                with fia_call_tags(phase="between-pieces"):
                     out = attend(i, query, self.kv_cache.key_cache[i], self.kv_cache.value_cache[i])
                 pieces.attn_inputs[i].copy_(out)
         return pieces.outputs[-1][0]
@@ -388,6 +424,4 @@ class GraphRunner:
 
 
 def _with(meta: AttentionMetadata, **changes: Any) -> AttentionMetadata:
-    from dataclasses import replace
-
     return replace(meta, **changes)

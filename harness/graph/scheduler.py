@@ -2,15 +2,16 @@
 
 Batches must change over time the way a serving engine's do (prefills arriving among
 decodes, requests finishing), because each change of shape picks another bucket, another
-padding and another set of host parameters. The schedule depends only on lengths, never on
-token values, so every execution path of a scenario (eager reference, padded eager, graph)
-runs exactly the same batches and can be compared step by step.
+padding and another set of host parameters. Each execution path of a scenario owns a
+:class:`Batcher`; without speculative decoding its steps depend only on lengths, so every path
+runs the same batches; with it, a path's batches follow its own accepted tokens, and a path
+that accepts differently shows up as a mismatch at the step where it did.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from harness.graph.metadata import ScheduledRequest
 from harness.model.kv_cache import BlockAllocator
@@ -28,11 +29,11 @@ class RequestPlan:
 
 @dataclass(frozen=True)
 class Step:
-    """One engine step: the scheduled requests and which of them sample a token now."""
+    """One engine step: the scheduled requests; ``decodes`` marks the (spec-)decode ones."""
 
     index: int
     requests: tuple[ScheduledRequest, ...]
-    samples: tuple[bool, ...]  # True where the step ends a prefill or is a decode
+    decodes: tuple[bool, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -43,88 +44,121 @@ class Step:
         return [r.num_new_tokens for r in self.requests]
 
 
-def schedule(
-    requests: Sequence[RequestPlan],
-    *,
-    block_size: int,
-    num_blocks: int,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    max_steps: int,
-    decode_query_len: int = 1,
-) -> list[Step]:
-    """Plan the steps of a workload, first come first served.
+@dataclass
+class _Running:
+    plan: RequestPlan
+    blocks: tuple[int, ...]
+    computed: int = 0  # KV entries written and valid
+    generated: int = 0
+
+
+@dataclass
+class Batcher:
+    """First come, first served continuous batching.
 
     Running requests decode ``decode_query_len`` tokens a step (``1 + k`` with speculative
     decoding); a waiting request is admitted, its whole prompt prefilled in one step, when it
-    has arrived and both the sequence and token budgets allow. Blocks for the whole request
-    (prompt + output) are allocated on admission and freed when it finishes.
+    has arrived and the sequence and token budgets allow. Blocks for the whole request are
+    allocated on admission and freed when it finishes. After each step, :meth:`commit` says how
+    many KV entries each request advanced and how many tokens it generated.
     """
-    allocator = BlockAllocator(num_blocks, block_size)
-    waiting = sorted(requests, key=lambda r: (r.arrival_step, r.req_id))
-    running: dict[str, tuple[RequestPlan, tuple[int, ...], int, int]] = {}  # id -> plan, blocks, computed, generated
-    steps: list[Step] = []
-    index = 0
-    while (waiting or running) and len(steps) < max_steps:
+
+    requests: Sequence[RequestPlan]
+    block_size: int
+    num_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    decode_query_len: int = 1
+    index: int = 0
+    _waiting: list[RequestPlan] = field(init=False)
+    _running: dict[str, _Running] = field(init=False, default_factory=dict)
+    _allocator: BlockAllocator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._waiting = sorted(self.requests, key=lambda r: (r.arrival_step, r.req_id))
+        self._allocator = BlockAllocator(self.num_blocks, self.block_size)
+
+    @property
+    def done(self) -> bool:
+        return not self._waiting and not self._running
+
+    def next_step(self) -> Step | None:
+        """The batch of the current step (None when nothing is runnable now)."""
         scheduled: list[ScheduledRequest] = []
-        samples: list[bool] = []
-        budget = max_num_batched_tokens
-        for req_id, (plan, blocks, computed, generated) in running.items():
-            new = min(decode_query_len, budget)
-            if new < 1:
+        decodes: list[bool] = []
+        budget = self.max_num_batched_tokens
+        for req_id, state in self._running.items():
+            if budget < self.decode_query_len:
                 break
-            scheduled.append(ScheduledRequest(req_id, computed, new, blocks))
-            samples.append(True)
-            budget -= new
-        while waiting and waiting[0].arrival_step <= index and len(scheduled) < max_num_seqs:
-            plan = waiting[0]
+            scheduled.append(ScheduledRequest(req_id, state.computed, self.decode_query_len, state.blocks))
+            decodes.append(True)
+            budget -= self.decode_query_len
+        while self._waiting and self._waiting[0].arrival_step <= self.index and len(scheduled) < self.max_num_seqs:
+            plan = self._waiting[0]
             if plan.prompt_len > budget:
                 break
-            waiting.pop(0)
-            total = plan.prompt_len + plan.output_len * decode_query_len
-            blocks = tuple(allocator.allocate(plan.req_id, total))
+            self._waiting.pop(0)
+            total = plan.prompt_len + plan.output_len + self.decode_query_len
+            blocks = tuple(self._allocator.allocate(plan.req_id, total))
+            self._running[plan.req_id] = _Running(plan, blocks)
             scheduled.append(ScheduledRequest(plan.req_id, 0, plan.prompt_len, blocks))
-            samples.append(True)
+            decodes.append(False)
             budget -= plan.prompt_len
-            running[plan.req_id] = (plan, blocks, 0, 0)
-        if scheduled:
-            steps.append(Step(index, tuple(scheduled), tuple(samples)))
-        for req in scheduled:
-            plan, blocks, computed, generated = running[req.req_id]
-            computed += req.num_new_tokens
-            generated += 1
-            if generated >= plan.output_len:
-                del running[req.req_id]
-                allocator.free(req.req_id)
-            else:
-                running[req.req_id] = (plan, blocks, computed, generated)
-        index += 1
-    return steps
+        step = Step(self.index, tuple(scheduled), tuple(decodes)) if scheduled else None
+        return step
+
+    def commit(self, step: Step | None, advanced: Mapping[str, int], generated: Mapping[str, int]) -> None:
+        """Record what a step did; finished requests free their blocks; the clock moves on."""
+        for req in step.requests if step else ():
+            state = self._running[req.req_id]
+            state.computed += advanced[req.req_id]
+            state.generated += generated[req.req_id]
+            if state.generated >= state.plan.output_len:
+                del self._running[req.req_id]
+                self._allocator.free(req.req_id)
+        self.index += 1
+
+    def remaining_output(self, req_id: str) -> int:
+        state = self._running[req_id]
+        return state.plan.output_len - state.generated
 
 
-def explicit_steps(
-    batches: Sequence[Sequence[tuple[str, int]]], *, block_size: int, num_blocks: int, max_model_len: int
-) -> list[Step]:
+class ExplicitBatcher:
     """Steps given one by one as ``[(req_id, new_tokens), ...]``.
 
     A request's first appearance is its prefill; later appearances continue it (1 token is a
     decode, more is another chunk). Each request gets blocks for all the tokens it will have.
     """
-    totals: dict[str, int] = {}
-    for batch in batches:
-        for req_id, new in batch:
-            totals[req_id] = totals.get(req_id, 0) + new
-    for req_id, total in totals.items():
-        if total > max_model_len:
-            raise ValueError(f"request {req_id} grows to {total} tokens, past max_model_len={max_model_len}")
-    allocator = BlockAllocator(num_blocks, block_size)
-    blocks = {req_id: tuple(allocator.allocate(req_id, total)) for req_id, total in totals.items()}
-    computed = dict.fromkeys(totals, 0)
-    steps = []
-    for index, batch in enumerate(batches):
-        scheduled = []
-        for req_id, new in batch:
-            scheduled.append(ScheduledRequest(req_id, computed[req_id], new, blocks[req_id]))
-            computed[req_id] += new
-        steps.append(Step(index, tuple(scheduled), tuple(True for _ in scheduled)))
-    return steps
+
+    def __init__(self, batches: Sequence[Sequence[tuple[str, int]]], *, block_size: int, num_blocks: int,
+                 max_model_len: int) -> None:
+        totals: dict[str, int] = {}
+        for batch in batches:
+            for req_id, new in batch:
+                totals[req_id] = totals.get(req_id, 0) + new
+        for req_id, total in totals.items():
+            if total > max_model_len:
+                raise ValueError(f"request {req_id} grows to {total} tokens, past max_model_len={max_model_len}")
+        allocator = BlockAllocator(num_blocks, block_size)
+        blocks = {req_id: tuple(allocator.allocate(req_id, total + 1)) for req_id, total in totals.items()}
+        computed = dict.fromkeys(totals, 0)
+        self.steps: list[Step] = []
+        for index, batch in enumerate(batches):
+            scheduled, decodes = [], []
+            for req_id, new in batch:
+                decodes.append(computed[req_id] > 0 and new == 1)
+                scheduled.append(ScheduledRequest(req_id, computed[req_id], new, blocks[req_id]))
+                computed[req_id] += new
+            self.steps.append(Step(index, tuple(scheduled), tuple(decodes)))
+        self.index = 0
+        self.prompt_lengths = totals  # teacher-forced: every input token is given, none sampled
+
+    @property
+    def done(self) -> bool:
+        return self.index >= len(self.steps)
+
+    def next_step(self) -> Step | None:
+        return self.steps[self.index] if not self.done else None
+
+    def commit(self, step: Step | None, advanced: Mapping[str, int], generated: Mapping[str, int]) -> None:
+        self.index += 1

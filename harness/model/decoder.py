@@ -15,6 +15,28 @@ Everything inside a piece is graph-safe: no host syncs (``.item()``, ``.tolist()
 values, no RNG. Every op except attention works row by row, and projections use a batched
 one-row-per-element GEMM (:func:`row_linear`, float32 accumulate) rather than a plain GEMM, so
 a real token's result does not depend on how many padded rows follow it (bitwise on CPU).
+
+Tensor / sequence parallel (:mod:`harness.model.parallel`): ``DecoderLM(config, parallel=ctx)``
+builds the FULL weights from ``config.seed`` and keeps this rank's shard (q/k/v, gate/up column
+parallel by whole heads / MLP columns; o_proj, down row parallel, followed by an all-reduce, or
+by a reduce-scatter under sequence parallel). What a caller must do to run one rank:
+
+* every rank gets the same ``input_ids`` / ``positions`` / ``slot_mapping`` of the full ``T``
+  and makes the same allocator calls (so block tables and slots agree);
+* KV cache: :func:`harness.model.parallel.make_kv_cache` ``(config, ctx)`` (``num_kv_heads/tp``
+  heads per layer; this rank's heads only);
+* attention: :func:`make_eager_attend` ``(..., parallel=ctx)`` (FIA gets ``num_heads/tp`` and
+  ``num_kv_heads/tp``); a custom :data:`Attend` receives ``query [T, num_heads/tp, D]`` and this
+  rank's caches and must return ``[T, num_heads/tp, D]``;
+* sequence parallel: ``T`` must be a multiple of tp, also in eager mode
+  (:func:`harness.model.parallel.padded_num_tokens`; pad with slot -1 and a dummy request);
+  a ``ValueError`` is raised otherwise;
+* the logits are the full ``[T, vocab]`` on every rank (TP and SP).
+
+Pieces under TP/SP: boundaries carry ``(query [T, N/tp, D], residual)`` with ``residual``
+``[T/tp, H]`` under SP (this rank's token rows) and ``[T, H]`` otherwise; piece 0 takes the
+full ``(input_ids,)``. Collectives are ``_c10d_functional`` ops (graph-capturable; see
+:mod:`harness.model.parallel`), so every rank must run the same pieces in the same order.
 """
 
 from __future__ import annotations
@@ -29,6 +51,17 @@ from torch import Tensor, nn
 
 from harness.model.config import ModelConfig
 from harness.model.kv_cache import PagedKVCache
+from harness.model.parallel import (
+    SINGLE,
+    ParallelContext,
+    all_gather_rows,
+    all_reduce_,
+    check_num_tokens,
+    check_parallel_config,
+    local_rows,
+    reduce_scatter_rows,
+    shard_state_dict,
+)
 
 #: ``attend(layer_index, query [T, N, D], key_cache, value_cache) -> [T, N, D]``.
 Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
@@ -100,16 +133,21 @@ def _linear(in_features: int, out_features: int) -> RowLinear:
 class DecoderLayer(nn.Module):
     """One decoder layer, split at attention into :meth:`pre_attention` / :meth:`post_attention`."""
 
-    def __init__(self, config: ModelConfig, index: int) -> None:
+    def __init__(
+        self, config: ModelConfig, index: int, parallel: ParallelContext | None = None
+    ) -> None:
         super().__init__()
+        ctx = parallel if parallel is not None else SINGLE
+        tp = ctx.tp
         h, n, nkv, d, m = (
             config.hidden_size,
-            config.num_heads,
-            config.num_kv_heads,
+            config.num_heads // tp,
+            config.num_kv_heads // tp,
             config.head_dim,
-            config.mlp_size,
+            config.mlp_size // tp,
         )
         self.index = index
+        self.parallel = ctx
         self.num_heads, self.num_kv_heads, self.head_dim = n, nkv, d
         self.input_norm = RMSNorm(h, config.rms_norm_eps)
         self.q_proj = _linear(h, n * d)
@@ -121,12 +159,27 @@ class DecoderLayer(nn.Module):
         self.up_proj = _linear(h, m)
         self.down_proj = _linear(m, h)
 
+    def _reduce(self, partial: Tensor) -> Tensor:
+        """Sum a row-parallel partial over the ranks (all-reduce; reduce-scatter under SP)."""
+        if self.parallel.sp:
+            return reduce_scatter_rows(partial, self.parallel)
+        return all_reduce_(partial, self.parallel)
+
+    def _gather(self, x: Tensor) -> Tensor:
+        """Under SP, all-gather this rank's token rows into the full ``[T, H]``."""
+        return all_gather_rows(x, self.parallel) if self.parallel.sp else x
+
     def pre_attention(
         self, residual: Tensor, slot_mapping: Tensor, kv_cache: PagedKVCache
     ) -> Tensor:
-        """Norm, projections, K/V cache write; returns the query ``[T, N, D]``."""
-        t = residual.shape[0]
-        x = self.input_norm(residual)
+        """Norm, projections, K/V cache write; returns the query ``[T, N, D]``.
+
+        Under TP ``N`` is this rank's ``num_heads / tp`` heads (K/V: its ``num_kv_heads / tp``);
+        under SP ``residual`` holds this rank's ``T / tp`` rows and the normed hidden is
+        all-gathered to the full ``T`` first.
+        """
+        x = self._gather(self.input_norm(residual))
+        t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
@@ -134,11 +187,15 @@ class DecoderLayer(nn.Module):
         return q
 
     def post_attention(self, attn_out: Tensor, residual: Tensor) -> Tensor:
-        """o_proj + residual, then the MLP block + residual; returns the new residual."""
-        t = residual.shape[0]
-        h = residual + self.o_proj(attn_out.reshape(t, -1).to(residual.dtype))
-        x = self.post_norm(h)
-        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        """o_proj + residual, then the MLP block + residual; returns the new residual.
+
+        Under TP the row-parallel o_proj / down partials are all-reduced; under SP they are
+        reduce-scattered to this rank's rows and the normed hidden is all-gathered before the MLP.
+        """
+        t = attn_out.shape[0]
+        h = residual + self._reduce(self.o_proj(attn_out.reshape(t, -1).to(residual.dtype)))
+        x = self._gather(self.post_norm(h))
+        return h + self._reduce(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
 
 
 class DecoderLM(nn.Module):
@@ -146,15 +203,24 @@ class DecoderLM(nn.Module):
 
     Weights come from ``config.seed`` through a local ``torch.Generator`` (the global RNG is
     never touched) and are stored in ``config.torch_dtype``. Logits are float32.
+
+    With ``parallel`` (a :class:`~harness.model.parallel.ParallelContext` with ``tp > 1``) this
+    is one TP rank: the full weights are generated as without it and this rank keeps its shard
+    (see the module docstring for what the caller must do). ``num_heads`` and ``num_kv_heads``
+    (and the MLP width) must be divisible by tp (``ValueError`` otherwise).
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, parallel: ParallelContext | None = None) -> None:
         super().__init__()
         self.config = config
+        self.parallel: ParallelContext = parallel if parallel is not None else SINGLE
+        check_parallel_config(config, self.parallel)
         h = config.hidden_size
         self.embed_tokens = Embedding(config.vocab_size, h)
         self.embed_positions = Embedding(config.max_model_len, h)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, self.parallel) for i in range(config.num_layers)
+        )
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = _linear(h, config.vocab_size)
         for p in self.parameters():
@@ -170,6 +236,7 @@ class DecoderLM(nn.Module):
             state = canary_state_dict(self.config)
         else:
             state = random_state_dict(self.config)
+        state = shard_state_dict(state, self.parallel)
         own = self.state_dict()
         missing = set(own) - set(state)
         extra = set(state) - set(own)
@@ -184,6 +251,16 @@ class DecoderLM(nn.Module):
     @property
     def num_layers(self) -> int:
         return self.config.num_layers
+
+    @property
+    def local_num_heads(self) -> int:
+        """Query heads on this rank (``num_heads / tp``): the attention's ``N``."""
+        return self.config.num_heads // self.parallel.tp
+
+    @property
+    def local_num_kv_heads(self) -> int:
+        """KV heads on this rank (``num_kv_heads / tp``): the cache's head count."""
+        return self.config.num_kv_heads // self.parallel.tp
 
     @property
     def num_pieces(self) -> int:
@@ -215,6 +292,10 @@ class DecoderLM(nn.Module):
         * piece L: ``(attn_out_{L-1}, residual) -> (logits,)`` with float32 logits ``[T, vocab]``.
 
         ``positions`` is used by piece 0 only; ``slot_mapping`` by pieces 0..L-1.
+
+        Under TP the query has this rank's ``num_heads / tp`` heads; under SP ``residual`` is
+        this rank's ``[T / tp, H]`` rows (piece 0 still takes the full ``input_ids``, and the
+        logits are the full ``[T, vocab]`` on every rank).
         """
         num_layers = self.config.num_layers
         if not 0 <= i <= num_layers:
@@ -222,12 +303,19 @@ class DecoderLM(nn.Module):
         with torch.no_grad():
             if i == 0:
                 (input_ids,) = inputs
+                if self.parallel.sp:
+                    check_num_tokens(input_ids.shape[0], self.parallel)
+                    input_ids = local_rows(input_ids, self.parallel)
+                    positions = local_rows(positions, self.parallel)
                 residual = self.embed_tokens(input_ids) + self.embed_positions(positions)
             else:
                 attn_out, residual = inputs
                 residual = self.layers[i - 1].post_attention(attn_out, residual)
             if i == num_layers:
-                return (self.lm_head(self.norm(residual)).float(),)
+                hidden = self.norm(residual)
+                if self.parallel.sp:
+                    hidden = all_gather_rows(hidden, self.parallel)
+                return (self.lm_head(hidden).float(),)
             query = self.layers[i].pre_attention(residual, slot_mapping, kv_cache)
             return (query, residual)
 
@@ -286,9 +374,14 @@ def random_state_dict(config: ModelConfig) -> dict[str, Tensor]:
     return state
 
 
-def build_model(config: ModelConfig, device: torch.device | str = "cpu") -> DecoderLM:
-    """A :class:`DecoderLM` for ``config`` (weights deterministic in ``config.seed``) on ``device``."""
-    return DecoderLM(config).to(device)
+def build_model(
+    config: ModelConfig,
+    device: torch.device | str = "cpu",
+    parallel: ParallelContext | None = None,
+) -> DecoderLM:
+    """A :class:`DecoderLM` for ``config`` (weights deterministic in ``config.seed``) on ``device``
+    (one TP rank's shard with ``parallel``)."""
+    return DecoderLM(config, parallel).to(device)
 
 
 def _host_list(values: HostList) -> list[int]:
@@ -305,6 +398,7 @@ def make_eager_attend(
     *,
     scale: float | None = None,
     fia: Callable[..., Any] | None = None,
+    parallel: ParallelContext | None = None,
 ) -> Attend:
     """The default eager :data:`Attend`: FIA, TND layout, causal (``sparse_mode=3``).
 
@@ -315,11 +409,16 @@ def make_eager_attend(
         scale: softmax scale; default :func:`attention_scale` (``1/sqrt(head_dim)``).
         fia: the op to call; default ``harness.ops.npu_fused_infer_attention_score``
             (imported at call time). Tests may pass a stand-in with the same signature.
+        parallel: the model's :class:`~harness.model.parallel.ParallelContext` when it is one
+            TP rank: FIA then gets this rank's ``num_heads / tp`` and ``num_kv_heads / tp``
+            (the query and caches hold only those heads). ``None``: the full head counts.
 
     The host lists are read (copied to Python ints) at every call, so a caller that mutates the
     list objects between steps is seen live.
     """
     softmax_scale = attention_scale(config) if scale is None else float(scale)
+    tp = 1 if parallel is None else parallel.tp
+    num_heads, num_kv_heads = config.num_heads // tp, config.num_kv_heads // tp
 
     def attend(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
         op = fia
@@ -333,8 +432,8 @@ def make_eager_attend(
             actual_seq_lengths_kv=_host_list(actual_seq_lengths_kv),
             block_table=block_table,
             block_size=config.block_size,
-            num_heads=config.num_heads,
-            num_key_value_heads=config.num_kv_heads,
+            num_heads=num_heads,
+            num_key_value_heads=num_kv_heads,
             scale=softmax_scale,
             input_layout="TND",
             sparse_mode=3,

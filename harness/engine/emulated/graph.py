@@ -199,7 +199,8 @@ def _communication_groups(capture: Capture) -> set[str]:
     for node in capture.nodes:
         if isinstance(node, OpNode) and node.func.namespace in COMM_NAMESPACES:
             bound = bound_arguments(node.func, node.args, node.kwargs)
-            groups.add(str(bound.get("group_name", bound.get("tag", "default"))))
+            if "group_name" in bound:  # wait_tensor names no group: it is not a collective
+                groups.add(str(bound["group_name"]))
     return groups
 
 

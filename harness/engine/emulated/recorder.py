@@ -85,6 +85,10 @@ class OpNode:
         if self.kind == "functional":
             flat, _ = tree_flatten(result)
             for captured, fresh in zip(self.outputs, flat):
+                if self.func.namespace == "_c10d_functional":
+                    # An asynchronous collective: its result is valid only once waited on, and
+                    # the tape's own wait_tensor waits on the captured buffer, not this one.
+                    fresh = torch.ops._c10d_functional.wait_tensor(fresh)
                 captured.copy_(fresh)
 
 

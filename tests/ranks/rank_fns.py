@@ -1,0 +1,62 @@
+"""Module-level rank functions for tests/ranks: spawned ranks import them by name."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def all_reduce_sum(rank: int, world_size: int, scale: float) -> dict:
+    """Every rank contributes ``scale * (rank + 1)``; returns what it sees after the sum."""
+    print(f"hello from rank {rank} of {world_size}", flush=True)
+    t = torch.full((4,), scale * (rank + 1))
+    dist.all_reduce(t)
+    return {"rank": rank, "sum": t, "threads": torch.get_num_threads()}
+
+
+def raise_on_rank1(rank: int, world_size: int) -> None:
+    """Rank 1 raises; rank 0 keeps running (it must be ended by the harness)."""
+    if rank == 1:
+        raise ValueError("rank 1 disagrees")
+    time.sleep(600)
+
+
+def exit_on_rank1(rank: int, world_size: int, code: int) -> None:
+    """Rank 1 dies without reporting; rank 0 keeps running."""
+    if rank == 1:
+        print("rank 1 about to exit", flush=True)
+        os._exit(code)
+    time.sleep(600)
+
+
+def skip_collective_on_rank1(rank: int, world_size: int) -> None:
+    """Rank 0 enters an all_reduce that rank 1 never joins (rank 1 stays alive, elsewhere)."""
+    if rank == 1:
+        time.sleep(600)
+        return
+    print("rank 0 entering all_reduce", flush=True)
+    dist.all_reduce(torch.ones(1))
+
+
+def big_result(rank: int, world_size: int, nbytes: int) -> dict:
+    """A result of several MB, plus what the rank saw of its environment."""
+    return {
+        "payload": bytes(range(256)) * (nbytes // 256),
+        "env": os.environ.get("GH_RANKS_TEST"),
+        "world": dist.get_world_size(),
+    }
+
+
+def in_process_sum(rank: int, world_size: int, x: int) -> int:
+    """Runs in the caller's process; uses a collective only when a group exists."""
+    t = torch.tensor([x])
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return int(t.item()) + rank * 100 + world_size * 1000
+
+
+def fail_in_process(rank: int, world_size: int) -> None:
+    raise KeyError("nope")
