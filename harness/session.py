@@ -12,7 +12,7 @@ import math
 import platform
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +28,7 @@ from harness.graph.pipeline import PipelineSpec, Workload, run_pipeline
 from harness.graph.record import PathError, RunRecord
 from harness.graph.runner import Fixes, GraphConfig
 from harness.graph.scheduler import RequestPlan
+from harness.graph.stream_budget import stream_budget
 from harness.graph.shape import SINGLE_RANK, RankContext
 from harness.model import DecoderLM, ModelConfig
 from harness.model.parallel import ParallelContext
@@ -82,7 +83,7 @@ def scenario_features(scenario: Scenario) -> list[Any]:
     return active_features(scenario.features.model_dump(), scenario.fixes.model_dump())
 
 
-def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[PipelineSpec, list[int]]:
+def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[PipelineSpec, list[int], dict[str, Any]]:
     m, g, w = scenario.model, scenario.graph, scenario.workload
     model = ModelConfig(kind=m.kind, num_layers=m.layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
                         num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, vocab_size=m.vocab_size,
@@ -95,6 +96,8 @@ def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[Pipe
                                   max_num_batched_tokens=w.max_num_batched_tokens)
     for feature in features:
         sizes = feature.capture_sizes(sizes, max(sizes))
+    budget = stream_budget(scenario.engine.budget_policy, sizes, **_legacy_inputs(scenario))
+    sizes = budget.sizes_kept
     fixes = Fixes(fia_padding=scenario.fixes.fia_padding, host_param_update=scenario.fixes.host_param_update,
                   static_inputs=scenario.fixes.static_inputs)
     graph = GraphConfig(parse_mode(g.mode), tuple(sizes), g.max_num_seqs, 1 + k, g.warmup_runs, fixes)
@@ -113,7 +116,17 @@ def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[Pipe
                             prompt_seed=w.prompt_seed)
     spec = PipelineSpec(model, graph, workload, scenario.steps, scenario.fia_contract, tuple(features),
                         num_speculative_tokens=k)
-    return spec, sizes
+    return spec, sizes, asdict(budget)
+
+
+def _legacy_inputs(scenario: Scenario) -> dict[str, Any]:
+    """What the legacy budget formula of vLLM Ascend reads from a deployment."""
+    if scenario.engine.budget_policy != "legacy":
+        return {}
+    f = scenario.features
+    return dict(num_layers=scenario.model.layers, mode=parse_mode(scenario.graph.mode),
+                draft_layers=1 if f.mtp.k else 0, dp=f.dp.size, tp=f.sp.tp, dcp=f.cp.size,
+                hccl_mode=scenario.engine.hccl_mode)
 
 
 def dp_share(plans: list[RequestPlan], ctx: RankContext, batches: str) -> list[RequestPlan]:
@@ -193,9 +206,9 @@ def world_size(scenario: Scenario) -> int:
 
 def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK) -> tuple[RunRecord, dict[str, CheckResult]]:
     """One rank's whole job: build, run the pipeline, check."""
-    spec, sizes = build_spec(scenario, ctx)
+    spec, sizes, budget = build_spec(scenario, ctx)
     engine = load(backend)
-    record = RunRecord(scenario.graph.mode, backend, sizes)
+    record = RunRecord(scenario.graph.mode, backend, sizes, budget=budget)
     per_group = 1 if scenario.engine.hccl_mode == "AIV" else 2
     engine.reset_device(StreamConfig(scenario.engine.stream_pool, scenario.engine.streams_per_graph, per_group))
     try:

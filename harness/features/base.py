@@ -53,6 +53,14 @@ class Feature:
     def agree(self, shape: StepShape, ctx: RankContext) -> StepShape:
         return shape
 
+    def rank_metadata(self, meta: Any, ctx: RankContext, block_size: int) -> Any:
+        """This rank's attention metadata (context parallel shards it)."""
+        return meta
+
+    def attention_style(self, ctx: RankContext) -> Any:
+        """How attention runs on this rank (None: the default causal FIA)."""
+        return None
+
     def before_forward(self, shape: StepShape, ctx: RankContext, step: int) -> None:
         """Called on the graph path right before the forward (a guard, never a fix)."""
 

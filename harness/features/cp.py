@@ -4,12 +4,18 @@ KV position p lives on rank ``p % cp``. Every query token becomes its own length
 (``actual_seq_lengths = arange(n) + 1``, the MLA+CP form of vLLM Ascend PR #5641) with this
 rank's KV length for it, and the ranks' partial outputs are merged with the softmax LSE. When
 T is padded, the per-rank KV lengths (``cp_seq_len``) must be zero-padded to the padded request
-count: the ``cp_kv_padding`` fix. The attention itself is :mod:`harness.model.context_parallel`.
+count: the ``cp_kv_padding`` fix; without it FIA sees fewer KV lengths than requests. The
+attention mechanics are :mod:`harness.model.context_parallel`.
 """
 
 from __future__ import annotations
 
-from harness.features.base import Feature
+from dataclasses import replace
+
+from harness.features.base import Feature, RankContext
+from harness.graph.metadata import AttentionMetadata
+from harness.graph.runner import AttentionStyle
+from harness.model.context_parallel import cp_combine, cp_metadata_from_attention_metadata
 
 
 class ContextParallel(Feature):
@@ -26,3 +32,37 @@ class ContextParallel(Feature):
 
     def ranks(self) -> int:
         return self.size
+
+    def unsupported(self, scenario):
+        if scenario.get("features", {}).get("sp", {}).get("tp", 1) > 1:
+            return ("CP with SP: vLLM Ascend's DCP splits the TP ranks' KV; this harness models CP "
+                    "on ranks of its own, so the combination is not modelled")
+        return None
+
+    def rank_metadata(self, meta: AttentionMetadata, ctx: RankContext, block_size: int) -> AttentionMetadata:
+        """This rank's view: one-token requests, its KV lengths, its slots."""
+        local = cp_metadata_from_attention_metadata(meta, block_size=block_size, cp=ctx.cp, rank=ctx.cp_rank,
+                                                    pad_kv_lengths=self.fix_on)
+        width = len(meta.block_table[0]) if meta.block_table else 1
+        n = len(local.actual_seq_lengths)
+        return replace(
+            meta,
+            num_reqs=meta.num_actual_tokens,
+            num_reqs_padded=n,
+            query_start_loc=[0, *local.actual_seq_lengths],
+            actual_seq_lengths=list(local.actual_seq_lengths),
+            query_lens=[1] * n,
+            seq_lens=list(local.actual_seq_lengths_kv),
+            block_table=[list(row) + [0] * (width - len(row)) for row in local.block_table],
+            slot_mapping=list(local.slot_mapping),
+            padding_source=f"{meta.padding_source}; cp rank {ctx.cp_rank}/{ctx.cp}: one-token requests"
+            + ("" if self.fix_on else ", KV lengths not zero-padded"),
+        )
+
+    def attention_style(self, ctx: RankContext) -> AttentionStyle:
+        group = ctx.cp_group
+
+        def combine(out, lse):
+            return cp_combine(out, lse, ctx.cp, group)
+
+        return AttentionStyle(sparse_mode=0, combine=combine)

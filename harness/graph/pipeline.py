@@ -25,7 +25,7 @@ from harness.graph.dispatcher import DispatchDecision
 from harness.graph.metadata import AttentionMetadata, ScheduledRequest, build_attention_metadata
 from harness.graph.modes import CUDAGraphMode
 from harness.graph.record import PATHS, PathError, RunRecord, StepRecord
-from harness.graph.runner import EagerRunner, GraphConfig, GraphRunner, StepInputs
+from harness.graph.runner import AttentionStyle, EagerRunner, GraphConfig, GraphRunner, StepInputs
 from harness.graph.scheduler import Batcher, ExplicitBatcher, RequestPlan, Step
 from harness.graph.shape import SINGLE_RANK, RankContext, StepShape
 from harness.model import DecoderLM, ModelConfig, PagedKVCache, build_model
@@ -73,10 +73,14 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
     register_updatable_ops(engine)
     reference_model = build_model(spec.model)
     model = rank_model(reference_model) if rank_model else reference_model
-    paths = {name: _new_path(name, spec, reference_model if name == "reference" else model) for name in PATHS}
+    paths = {name: _new_path(name, spec, reference_model if name == "reference" else model, reference_model)
+             for name in PATHS}
     max_blocks = -(-spec.model.max_model_len // spec.model.block_size)
-    runner = GraphRunner(engine, model, paths["graph"].kv_cache, spec.graph, max_blocks_per_req=max_blocks)
-    eager = {name: EagerRunner(paths[name].model, paths[name].kv_cache) for name in ("reference", "padded")}
+    style = next((s for f in spec.features if (s := f.attention_style(ctx)) is not None), AttentionStyle())
+    runner = GraphRunner(engine, model, paths["graph"].kv_cache, spec.graph, max_blocks_per_req=max_blocks,
+                         style=style, rank_metadata=lambda meta: _rank_metadata(spec, ctx, meta))
+    eager = {"reference": EagerRunner(reference_model, paths["reference"].kv_cache),
+             "padded": EagerRunner(model, paths["padded"].kv_cache, style)}
     with observe_fia_calls() as calls, fia_contract(spec.fia_contract):  # type: ignore[arg-type]
         record.fia_calls = calls
         started = time.perf_counter()
@@ -124,7 +128,7 @@ def plain_greedy_texts(spec: PipelineSpec, model: DecoderLM) -> dict[str, list[i
     return {req: ids[path.prompt_lengths[req]:] for req, ids in path.tokens.items()}
 
 
-def _new_path(name: str, spec: PipelineSpec, model: DecoderLM) -> Path:
+def _new_path(name: str, spec: PipelineSpec, model: DecoderLM, full_model: DecoderLM | None = None) -> Path:
     m, w = spec.model, spec.workload
     q = 1 + spec.num_speculative_tokens
     if w.explicit:
@@ -136,7 +140,8 @@ def _new_path(name: str, spec: PipelineSpec, model: DecoderLM) -> Path:
                           w.max_num_batched_tokens, decode_query_len=q)
         lengths = {r.req_id: r.prompt_len for r in w.requests}
     tokens = prompt_tokens(list(lengths), list(lengths.values()), m.vocab_size, w.prompt_seed)
-    drafter = Drafter(model, spec) if spec.num_speculative_tokens else None
+    # The drafter is a small single-rank model on every rank, cut from the full target.
+    drafter = Drafter(full_model or model, spec) if spec.num_speculative_tokens else None
     return Path(name, batcher, model, make_kv_cache(model.config, model.parallel), tokens, lengths, drafter)
 
 
@@ -222,7 +227,7 @@ class Stepper:
             ledger = {"real": 0, "dp": shape.num_tokens}
         if (shape.num_tokens, shape.runtime_mode) != (decision.num_tokens_padded, str(decision.runtime_mode)):
             decision = runner.redecide(shape, meta)
-        padded = self._pad(meta, decision, ledger)
+        padded = _rank_metadata(self.spec, self.ctx, self._pad(meta, decision, ledger))
         return Planned(meta, decision, padded, ledger, uniform)
 
     def _pad(self, meta: AttentionMetadata, decision: DispatchDecision, ledger: dict[str, int]) -> AttentionMetadata:
@@ -290,6 +295,12 @@ class Stepper:
 
     def _drafter_fix_on(self) -> bool:
         return all(f.fix_on for f in self.spec.features if f.fix == "drafter_unpadded")
+
+
+def _rank_metadata(spec: PipelineSpec, ctx: RankContext, meta: AttentionMetadata) -> AttentionMetadata:
+    for feature in spec.features:
+        meta = feature.rank_metadata(meta, ctx, spec.model.block_size)
+    return meta
 
 
 def step_inputs(step: Step | None, tokens: dict[str, list[int]], meta: AttentionMetadata,

@@ -166,9 +166,10 @@ class GraphRunner:
     """Captures the graphs of one configuration and runs steps through them."""
 
     def __init__(self, engine: Any, model: DecoderLM, kv_cache: PagedKVCache, config: GraphConfig,
-                 *, max_blocks_per_req: int, style: AttentionStyle = AttentionStyle()) -> None:
+                 *, max_blocks_per_req: int, style: AttentionStyle = AttentionStyle(),
+                 rank_metadata: Callable[[AttentionMetadata], AttentionMetadata] = lambda meta: meta) -> None:
         self.engine, self.model, self.kv_cache, self.config = engine, model, kv_cache, config
-        self.style = style
+        self.style, self.rank_metadata = style, rank_metadata
         q = config.uniform_decode_query_len
         self.dispatcher = Dispatcher(config.mode, config.capture_sizes, q, config.max_num_seqs)
         self.max_blocks = max_blocks_per_req
@@ -209,7 +210,7 @@ class GraphRunner:
             lens = [1] * (n - 1) + [key.num_tokens - (n - 1)]
         requests = [ScheduledRequest(f"dummy{i}", 0, n, (0,) * self.max_blocks) for i, n in enumerate(lens)]
         meta = build_attention_metadata(requests, self.kv_cache.config.block_size, self.max_blocks)
-        return _with(meta, slot_mapping=[-1] * meta.num_input_tokens)
+        return self.rank_metadata(_with(meta, slot_mapping=[-1] * meta.num_input_tokens))
 
     def _capture_full(self, size: int, meta: AttentionMetadata, pool: Any) -> FullGraph:
         engine = self.engine

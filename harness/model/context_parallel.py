@@ -130,7 +130,7 @@ def cp_slot_mapping(
             continue
         local = pos // cp
         index, offset = divmod(local, block_size)
-        if index >= len(row) or int(row[index]) <= 0:
+        if index >= len(row) or int(row[index]) < 0:
             raise ValueError(
                 f"token {t}: local position {local} (global {pos}, rank {rank}/{cp}) is not "
                 f"covered by its block-table row {list(row)}"

@@ -54,10 +54,10 @@ __all__ = [
 ]
 
 GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-CHECK_NAMES = ("fia_invariant", "equality", "stale_params", "stream_budget")
+CHECK_NAMES = ("fia_invariant", "equality", "stale_params", "stream_budget", "execution")
 
 GraphMode = Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
-CheckName = Literal["fia_invariant", "equality", "stale_params", "stream_budget"]
+CheckName = Literal["fia_invariant", "equality", "stale_params", "stream_budget", "execution"]
 
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -329,6 +329,11 @@ class CPFeature(_Base):
 
 
 class Features(_Base):
+    """Built-in features; other keys name features installed through entry points, each with
+    a mapping of its settings (checked against the registry when the item runs)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
     sp: SPFeature = Field(default_factory=SPFeature)
     dp: DPFeature = Field(default_factory=DPFeature)
     mtp: MTPFeature = Field(default_factory=MTPFeature)
