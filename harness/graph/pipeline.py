@@ -208,18 +208,21 @@ class Stepper:
             decision = DispatchDecision(CUDAGraphMode.NONE, None, 0, "idle rank")
             uniform, real = True, 0
         ledger = {"real": real, "bucket": decision.num_tokens_padded - real}
+        drafts = sum(r.num_new_tokens - 1 for r, d in zip(step.requests, step.decodes) if d) if step else 0
+        if self.spec.num_speculative_tokens and drafts:  # draft tokens ride along as real rows
+            ledger.update(real=real - drafts, spec=drafts)
         tokens = decision.num_tokens_padded
+        added: dict[Any, int] = {}  # feature -> tokens it added to T (its padding fix covers them)
         for feature in self.spec.features:
             padded = feature.pad_tokens(tokens) if tokens else 0
-            if padded != tokens:
-                ledger[feature.ledger] = ledger.get(feature.ledger, 0) + padded - tokens
+            added[feature] = padded - tokens
             tokens = padded
         shape = StepShape(tokens, str(decision.runtime_mode), uniform, has_work=step is not None)
         for feature in self.spec.features:
             agreed = feature.agree(shape, self.ctx)
-            if agreed.num_tokens != shape.num_tokens:
-                ledger[feature.ledger] = ledger.get(feature.ledger, 0) + agreed.num_tokens - shape.num_tokens
+            added[feature] += agreed.num_tokens - shape.num_tokens
             shape = agreed
+        ledger.update({f.ledger: n for f, n in added.items() if n})
         if not shape.has_work:
             return None
         if meta is None:  # this rank is idle but another is not: run the agreed shape on dummies
@@ -227,20 +230,19 @@ class Stepper:
             ledger = {"real": 0, "dp": shape.num_tokens}
         if (shape.num_tokens, shape.runtime_mode) != (decision.num_tokens_padded, str(decision.runtime_mode)):
             decision = runner.redecide(shape, meta)
-        padded = _rank_metadata(self.spec, self.ctx, self._pad(meta, decision, ledger))
+        padded = _rank_metadata(self.spec, self.ctx, self._pad(meta, decision, added))
         return Planned(meta, decision, padded, ledger, uniform)
 
-    def _pad(self, meta: AttentionMetadata, decision: DispatchDecision, ledger: dict[str, int]) -> AttentionMetadata:
+    def _pad(self, meta: AttentionMetadata, decision: DispatchDecision, added: dict[Any, int]) -> AttentionMetadata:
         """Pad the metadata to T; features whose padding fix is off leave their tokens out."""
         if meta.num_actual_tokens == 0:
             return meta  # idle-rank metadata is padded already
-        unfixed = sum(ledger.get(f.ledger, 0) for f in self.spec.features if not f.fix_on)
-        covered = decision.num_tokens_padded - unfixed
+        unfixed = {f: n for f, n in added.items() if n and not f.fix_on}
+        covered = decision.num_tokens_padded - sum(unfixed.values())
         padded = self.runner.pad(meta, replace(decision, num_tokens_padded=covered))
         if unfixed:
-            padded = _extend_tokens(padded, decision.num_tokens_padded, ", ".join(
-                f"{f.name} added {ledger.get(f.ledger, 0)} token(s) with its fix {f.fix} off"
-                for f in self.spec.features if not f.fix_on and ledger.get(f.ledger)))
+            why = ", ".join(f"{f.name} added {n} token(s) with its fix {f.fix} off" for f, n in unfixed.items())
+            padded = _extend_tokens(padded, decision.num_tokens_padded, why)
         return padded
 
     def _record(self, step: Step | None, planned: Planned, previous: StepRecord | None) -> StepRecord:

@@ -73,7 +73,7 @@ def test_slot_mapping_rules():
     assert cp_slot_mapping([0, 1, 5], [[4], [4], None], 4, 2, 0) == [16, -1, -1]
     assert cp_slot_mapping([0, 1, 5], [[4], [4], None], 4, 2, 1) == [-1, 16, -1]
     with pytest.raises(ValueError, match="not covered"):
-        cp_slot_mapping([9], [[4, 0]], 4, 2, 1)  # local position 4 needs a second block
+        cp_slot_mapping([9], [[4]], 4, 2, 1)  # local position 4 needs a second block
     with pytest.raises(ValueError, match="rank"):
         cp_slot_mapping([0], [[4]], 4, 2, 2)
 

@@ -124,11 +124,11 @@ def test_crashed_and_skipped_records_render(good):
     assert "no check ran" in html and "no run evidence" in html
     assert "Traceback" in html and "&lt;boom&gt;" in html and "<boom>" not in html
 
-    (point,) = load_scenario_text(TINY + "features: {sp: {tp: 2}}\n")
+    (point,) = load_scenario_text(TINY + "features: {sp: {tp: 2}, cp: {size: 2}}\n")
     skipped = item_record(run_point(point), ENV)
     assert skipped["outcome"] == "skipped" and skipped["run"] == {}
     html = render_item(skipped)
-    assert "skipped" in html and "not supported" in html
+    assert "skipped" in html and "not modelled" in html
 
     # hand-made partial / malformed records never raise
     for partial in ({}, {"outcome": "failed"}, {"run": None, "checks": None, "scenario": None},

@@ -1,0 +1,92 @@
+"""Each check on hand-made run records: it passes on good evidence and fails on bad."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.checks import run_checks
+from harness.checks.equality import check_equality
+from harness.checks.fia_invariant import check_fia_invariant
+from harness.checks.stale_params import check_stale_params
+from harness.checks.stream_budget import check_stream_budget
+from harness.graph.record import PathError, RunRecord, StepRecord
+from harness.ops import FiaCall
+
+
+def _step(index=0, executed=None, live=None, logits=None, sampled=None):
+    live = live or {"actual_seq_lengths": [1, 2], "actual_seq_lengths_kv": [5, 6]}
+    return StepRecord(step=index, requests=[("a", 4, 1), ("b", 5, 1)], num_tokens=2, uniform_decode=True,
+                      runtime_mode="FULL", num_tokens_padded=2, num_reqs=2, num_reqs_padded=2,
+                      padding_source="none", dispatch_reason="exact FULL key", metadata=dict(live),
+                      reference_metadata=dict(live), executed=executed, logits=logits or {}, sampled=sampled or {})
+
+
+def _call(T, last, strict_ok, relaxed_ok, error=None):
+    return FiaCall("out", T, (last,), (3,), 1, "strict", strict_ok, relaxed_ok, error,
+                   {"path": "graph", "phase": "update", "step": 2, "layer": 1, "bucket": T, "padding": "p"})
+
+
+def test_fia_invariant_reports_the_first_violation_and_the_other_contract():
+    record = RunRecord("FULL", "emulated", [8])
+    record.fia_calls = [_call(8, 8, True, True), _call(8, 5, False, True, "[561002] When layout is TND ...")]
+    result = check_fia_invariant(record, "strict")
+    assert not result.passed and result.first_step == 2
+    assert "561002" in result.summary and "relaxed contract would have accepted it" in result.summary
+    record.fia_calls = [_call(8, 5, False, True)]  # the same call made under the relaxed contract
+    assert check_fia_invariant(record, "relaxed").passed  # 5 < 8 is legal under the proposal
+    assert not check_fia_invariant(record, "strict").passed
+    record.fia_calls = [_call(8, 8, True, True)]
+    assert check_fia_invariant(record, "strict").passed
+
+
+def test_stale_params_compares_executed_lists_with_the_live_batch():
+    record = RunRecord("FULL", "emulated", [2])
+    live = {"actual_seq_lengths": [1, 2], "actual_seq_lengths_kv": [5, 6]}
+    record.steps = [_step(0, executed=[dict(live)], live=live)]
+    assert check_stale_params(record).passed
+    record.steps = [_step(0, executed=[{"actual_seq_lengths": [1, 2], "actual_seq_lengths_kv": [1, 1]}], live=live)]
+    result = check_stale_params(record)
+    assert not result.passed and "capture-time actual_seq_lengths_kv [1, 1] at step 0" in result.summary
+
+
+def test_stale_params_falls_back_to_repeated_text_where_the_engine_cannot_say():
+    record = RunRecord("FULL", "npu", [2])
+    record.steps = [_step(0)]
+    record.steps[0].host_lists_unverifiable = True
+    record.texts = {"reference": {"a": [5, 6, 7, 8, 9]}, "graph": {"a": [5, 5, 5, 5, 5]}}
+    assert not check_stale_params(record).passed
+    record.texts["graph"] = {"a": [5, 6, 7, 8, 9]}
+    assert check_stale_params(record).passed
+
+
+def test_stream_budget_fails_on_207008_and_reports_utilisation():
+    record = RunRecord("PIECEWISE", "emulated", [1, 2])
+    record.graphs_captured, record.stream_usage = 6, {"in_use": 6, "pool_size": 2048}
+    assert "6 of 2048 streams (0.3%)" in check_stream_budget(record).summary
+    record.errors.append(PathError("graph", None, "capture", "StreamBudgetError", "error code 207008: ..."))
+    assert not check_stream_budget(record).passed
+
+
+def test_equality_bitwise_on_the_emulator_and_first_mismatch_located():
+    base = torch.zeros(2, 4)
+    bumped = base.clone()
+    bumped[1, 2] = 1e-7
+    record = RunRecord("FULL", "emulated", [2])
+    same = {"reference": base, "padded": base.clone(), "graph": base.clone()}
+    toks = {"reference": [1, 2], "padded": [1, 2], "graph": [1, 2]}
+    record.steps = [_step(0, logits=same, sampled=toks)]
+    assert check_equality(record, dtype="float32", bitwise_replay=True).passed
+    record.steps = [_step(0, logits={**same, "graph": bumped}, sampled=toks)]
+    result = check_equality(record, dtype="float32", bitwise_replay=True)
+    assert not result.passed
+    assert "request b position 0" in result.summary and "graph effect" in result.summary
+    assert check_equality(record, dtype="float32", bitwise_replay=False).passed  # within tolerance
+    explained = check_equality(record, dtype="float32", bitwise_replay=True, explained_from=0)
+    assert explained.passed and "explained" in explained.summary
+
+
+def test_unexplained_path_errors_are_an_execution_failure():
+    record = RunRecord("FULL", "emulated", [2])
+    record.errors.append(PathError("graph", 3, "step", "GraphHangError", "replay of graph#2 waits"))
+    checks = run_checks(record, contract="strict", dtype="float32", bitwise_replay=True)
+    assert not checks["execution"].passed and "GraphHangError at step 3" in checks["execution"].summary

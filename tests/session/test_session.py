@@ -1,0 +1,68 @@
+"""The session: expectations decide outcomes; a run is deterministic bit for bit."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.checks import CheckResult
+from harness.scenario import Expect, load_scenario_text
+from harness.session import FAILED, PASSED, XFAILED, decide, run_point
+
+SCENARIO = """
+name: s
+model: {kind: random, layers: 2}
+graph: {mode: FULL, capture_sizes: [1, 2, 4, 8]}
+steps: 6
+workload:
+  requests:
+    - {prompt_len: 5, output_len: 6}
+    - {prompt_len: 2, output_len: 4, arrival_step: 1, repeat: 2}
+"""
+
+
+def _checks(*failing):
+    names = ("fia_invariant", "equality", "stale_params", "stream_budget")
+    return {n: CheckResult(n, n not in failing, f"{n} summary") for n in names}
+
+
+def test_decide_compares_failures_with_the_expectation_exactly():
+    assert decide(Expect(), _checks())[0] == PASSED
+    assert decide(Expect(), _checks("equality"))[0] == FAILED
+    assert decide(Expect(fail=["stale_params"]), _checks("stale_params"))[0] == XFAILED
+    outcome, verdict = decide(Expect(fail=["stale_params"]), _checks())
+    assert outcome == FAILED and "passed unexpectedly" in verdict
+    outcome, verdict = decide(Expect(fail=["stale_params"]), _checks("stale_params", "equality"))
+    assert outcome == FAILED and "unexpected failure of equality" in verdict
+
+
+def test_runs_are_deterministic_bit_for_bit():
+    (point,) = load_scenario_text(SCENARIO)
+    first, second = run_point(point, backend="emulated"), run_point(point, backend="emulated")
+    assert first.outcome == second.outcome == PASSED
+    assert first.record.texts == second.record.texts
+    for a, b in zip(first.record.steps, second.record.steps):
+        assert a.metadata == b.metadata
+        for path in a.logits:
+            assert torch.equal(a.logits[path], b.logits[path])
+
+
+def test_a_crash_inside_the_pipeline_is_the_items_result(monkeypatch):
+    import harness.session as session
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("pipeline exploded")
+
+    monkeypatch.setattr(session, "run_pipeline", boom)
+    (point,) = load_scenario_text(SCENARIO)
+    result = run_point(point, backend="emulated")
+    assert result.outcome == FAILED and "pipeline exploded" in result.verdict and result.traceback
+
+
+def test_speculative_greedy_output_equals_plain_greedy_output():
+    (point,) = load_scenario_text(SCENARIO + "features: {mtp: {k: 2}}\n")
+    result = run_point(point, backend="emulated")
+    assert result.outcome == PASSED, result.verdict
+    texts = result.record.texts
+    assert texts["graph"] == texts["plain"] == texts["reference"]
+    stats = result.record.speculation["graph"]
+    assert stats["proposed"] > 0 and 0 <= stats["accepted"] <= stats["proposed"]
