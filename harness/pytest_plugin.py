@@ -67,6 +67,24 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)  # two workers on two cores: no oversubscription
     config.stash[_results_key] = []
     config.pluginmanager.register(ResultsCollector(config), "graph-harness-results")
+    _describe_environment(config)
+
+
+def _describe_environment(config: pytest.Config) -> None:
+    """torch, harness version and backend in pytest-html's Environment table."""
+    try:
+        from pytest_metadata.plugin import metadata_key
+    except ImportError:
+        return
+    import torch
+
+    import harness
+    from harness.engine import resolve
+
+    table = config.stash.get(metadata_key, None)
+    if table is not None:
+        table.update({"graph-harness": harness.__version__, "torch": torch.__version__,
+                      "backend": resolve(config.getoption("--backend"))})
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

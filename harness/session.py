@@ -19,8 +19,7 @@ import torch
 
 import harness
 from harness.checks import CHECKS, EXECUTION, CheckResult, run_checks
-from harness.engine import load, resolve
-from harness.engine.emulated.device import StreamConfig
+from harness.engine import StreamConfig, load, resolve
 from harness.features import active_features
 from harness.graph.capture_sizes import resolve_capture_sizes
 from harness.graph.modes import parse_mode

@@ -17,6 +17,7 @@ import importlib
 import importlib.util
 from types import ModuleType
 
+from .emulated.device import StreamConfig
 from .errors import (
     CaptureError,
     EngineError,
@@ -73,6 +74,6 @@ def load(name: str = "auto") -> ModuleType:
 
 
 __all__ = [
-    "BACKENDS", "CaptureError", "EngineError", "GraphHangError", "StreamBudgetError",
+    "BACKENDS", "CaptureError", "StreamConfig", "EngineError", "GraphHangError", "StreamBudgetError",
     "TaskUpdateError", "UnsupportedOnBackend", "load", "resolve",
 ]
