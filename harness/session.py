@@ -31,6 +31,7 @@ from harness.graph.stream_budget import stream_budget
 from harness.graph.shape import SINGLE_RANK, RankContext
 from harness.model import DecoderLM, ModelConfig
 from harness.model.parallel import ParallelContext
+from harness.ops import use_torch_npu
 from harness.ranks import run_ranks
 from harness.scenario import Scenario, ScenarioPoint
 
@@ -207,6 +208,8 @@ def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK) -
     """One rank's whole job: build, run the pipeline, check."""
     spec, sizes, budget = build_spec(scenario, ctx)
     engine = load(backend)
+    if engine.name == "npu":
+        use_torch_npu()  # FIA on the device is torch_npu's own op, host check included
     record = RunRecord(scenario.graph.mode, backend, sizes, budget=budget)
     per_group = 1 if scenario.engine.hccl_mode == "AIV" else 2
     engine.reset_device(StreamConfig(scenario.engine.stream_pool, scenario.engine.streams_per_graph, per_group))

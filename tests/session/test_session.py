@@ -66,3 +66,18 @@ def test_speculative_greedy_output_equals_plain_greedy_output():
     assert texts["graph"] == texts["plain"] == texts["reference"]
     stats = result.record.speculation["graph"]
     assert stats["proposed"] > 0 and 0 <= stats["accepted"] <= stats["proposed"]
+
+
+def test_a_failing_rank_fails_only_its_item_with_its_log(monkeypatch):
+    import harness.session as session
+    from harness.ranks import RankFailure, RanksOutcome
+
+    failure = RankFailure(1, "timeout", "did not finish within the 300s timeout", None, "rank 1 entered all_reduce")
+    outcome = RanksOutcome(ok=False, results=[None, None], failures=[failure], duration=1.0,
+                           logs=["", "rank 1 entered all_reduce"], pids=[1, 2])
+    monkeypatch.setattr(session, "run_ranks", lambda *args, **kwargs: outcome)
+    (point,) = load_scenario_text(SCENARIO + "features: {sp: {tp: 2}}\n")
+    result = run_point(point, backend="emulated")
+    assert result.outcome == FAILED and result.failed_checks == ["execution"]
+    assert "rank 1 timeout" in result.verdict
+    assert "rank 1 entered all_reduce" in result.checks["execution"].details["ranks"]
