@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements-cpu.txt
 	touch $(STAMP)
 
 scenarios: $(STAMP)
-	$(PY) -m pytest scenarios/ --mode=FULL -p no:cacheprovider \
+	$(PY) -m pytest scenarios/ --mode=FULL -n 2 -p no:cacheprovider \
 		--html=reports/scenarios.html --self-contained-html --results-json=reports/scenarios.json
 
 test: $(STAMP)

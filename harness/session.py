@@ -90,7 +90,7 @@ def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[Pipe
                         dtype=m.dtype, seed=m.seed, block_size=m.block_size, num_blocks=m.num_blocks,
                         max_model_len=m.max_model_len)
     features = scenario_features(scenario)
-    k = scenario.features.mtp.k
+    k = sum(feature.extra_query_tokens() for feature in features)  # draft tokens per request
     sizes = resolve_capture_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform, num_speculative_tokens=0,
                                   capture_sizes=g.capture_sizes, max_capture_size=g.max_capture_size,
                                   max_num_batched_tokens=w.max_num_batched_tokens)

@@ -66,6 +66,3 @@ class Feature:
 
     def unsupported(self, scenario: Mapping[str, Any]) -> str | None:
         return None
-
-    def describe(self) -> str:
-        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.settings.items())})"
