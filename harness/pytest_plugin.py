@@ -20,7 +20,7 @@ import yaml
 from harness.engine import BACKENDS
 from harness.graph.modes import parse_mode
 from harness.report.results import RECORD_KEY, item_record, metrics, write_results
-from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, load_scenario_file
+from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, load_scenario_file, locate
 
 SCENARIO_DIR = "scenarios"
 FEATURE_MARKERS = {"sp": "sequence parallel (tp > 1)", "dp": "data parallel (size > 1)",
@@ -105,6 +105,7 @@ class ScenarioFile(pytest.File):
             for point in load_scenario_file(self.path, overrides=overrides or None):
                 if modes and point.scenario.graph.mode not in modes:
                     continue
+                _preflight(self.path, point)
                 suffix = "-".join(part for part in (point.id, mode) if part)
                 name = f"{point.name}[{suffix}]" if suffix else point.name
                 yield ScenarioItem.from_parent(self, name=name, point=point)
@@ -113,6 +114,18 @@ class ScenarioFile(pytest.File):
         if isinstance(excinfo.value, ScenarioError):
             return str(excinfo.value)  # file:line: field: message, nothing else
         return super().repr_failure(excinfo)
+
+
+def _preflight(path: Path, point: ScenarioPoint) -> None:
+    """Problems only the harness can see still name the file, the line and the field."""
+    from harness.session import preflight
+
+    problem = preflight(point.scenario)
+    if problem:
+        field, message = problem
+        where = f" [matrix point {point.id}]" if point.id else ""
+        raise ScenarioError(message + where, path=str(path), line=locate(path, field) or point.source.line,
+                            field=field)
 
 
 def _names_a_mode(path: Path) -> bool:

@@ -83,21 +83,32 @@ def scenario_features(scenario: Scenario) -> list[Any]:
     return active_features(scenario.features.model_dump(), scenario.fixes.model_dump())
 
 
-def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[PipelineSpec, list[int], dict[str, Any]]:
-    m, g, w = scenario.model, scenario.graph, scenario.workload
-    model = ModelConfig(kind=m.kind, num_layers=m.layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
-                        num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, vocab_size=m.vocab_size,
-                        dtype=m.dtype, seed=m.seed, block_size=m.block_size, num_blocks=m.num_blocks,
-                        max_model_len=m.max_model_len)
-    features = scenario_features(scenario)
-    k = sum(feature.extra_query_tokens() for feature in features)  # draft tokens per request
+def model_config(scenario: Scenario) -> ModelConfig:
+    m = scenario.model
+    return ModelConfig(kind=m.kind, num_layers=m.layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
+                       num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, vocab_size=m.vocab_size,
+                       dtype=m.dtype, seed=m.seed, block_size=m.block_size, num_blocks=m.num_blocks,
+                       max_model_len=m.max_model_len)
+
+
+def capture_sizes(scenario: Scenario, features: list[Any]) -> tuple[list[int], dict[str, Any]]:
+    """The base rule, every feature's filter, then the stream-budget policy (with its decision)."""
+    g = scenario.graph
     sizes = resolve_capture_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform, num_speculative_tokens=0,
                                   capture_sizes=g.capture_sizes, max_capture_size=g.max_capture_size,
-                                  max_num_batched_tokens=w.max_num_batched_tokens)
+                                  max_num_batched_tokens=scenario.workload.max_num_batched_tokens)
     for feature in features:
         sizes = feature.capture_sizes(sizes, max(sizes))
     budget = stream_budget(scenario.engine.budget_policy, sizes, **_legacy_inputs(scenario))
-    sizes = budget.sizes_kept
+    return budget.sizes_kept, asdict(budget)
+
+
+def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[PipelineSpec, list[int], dict[str, Any]]:
+    g, w = scenario.graph, scenario.workload
+    model = model_config(scenario)
+    features = scenario_features(scenario)
+    k = sum(feature.extra_query_tokens() for feature in features)  # draft tokens per request
+    sizes, budget = capture_sizes(scenario, features)
     fixes = Fixes(fia_padding=scenario.fixes.fia_padding, host_param_update=scenario.fixes.host_param_update,
                   static_inputs=scenario.fixes.static_inputs)
     graph = GraphConfig(parse_mode(g.mode), tuple(sizes), g.max_num_seqs, 1 + k, g.warmup_runs, fixes)
@@ -116,7 +127,7 @@ def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[Pipe
                             prompt_seed=w.prompt_seed)
     spec = PipelineSpec(model, graph, workload, scenario.steps, scenario.fia_contract, tuple(features),
                         num_speculative_tokens=k)
-    return spec, sizes, asdict(budget)
+    return spec, sizes, budget
 
 
 def _legacy_inputs(scenario: Scenario) -> dict[str, Any]:
@@ -198,6 +209,26 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
     finally:
         result.duration = time.perf_counter() - started
     return result
+
+
+def preflight(scenario: Scenario) -> tuple[str, str] | None:
+    """What the schema cannot see: a model the canary cannot build, capture sizes a feature
+    leaves empty, an unknown plugin feature. Returns ``(field, message)`` or None."""
+    try:
+        features = scenario_features(scenario)
+    except ValueError as error:
+        return "features", str(error)
+    try:
+        model_config(scenario)
+    except ValueError as error:
+        fields = type(scenario.model).model_fields
+        named = next((f for f in fields if f in str(error)), None)
+        return (f"model.{named}" if named else "model"), str(error)
+    try:
+        capture_sizes(scenario, features)
+    except ValueError as error:
+        return "graph.capture_sizes", str(error)
+    return None
 
 
 def world_size(scenario: Scenario) -> int:

@@ -37,6 +37,7 @@ __all__ = [
     "apply_overrides",
     "load_scenario_file",
     "load_scenario_text",
+    "locate",
     "modes_of",
     "parse_override",
     "render_id",
@@ -209,6 +210,18 @@ class _Located:
         if key_node is not None and (prefer_key or not isinstance(node, yaml.ScalarNode)):
             return key_node.start_mark.line + 1
         return node.start_mark.line + 1
+
+
+def locate(path: str | Path, field: str) -> int | None:
+    """The line of ``field`` (dotted) in a scenario file, or of its nearest parent present."""
+    try:
+        root, _ = _compose(Path(path).read_text(), str(path))
+    except Exception:  # noqa: BLE001 - a file that does not parse has reported that already
+        return None
+    tree = _Located(root)
+    loc = [int(p) if p.isdigit() else p for p in field.split(".") if p]
+    node, key_node, matched = tree.walk(loc)
+    return tree.line_of(node, key_node, prefer_key=True)
 
 
 def _compose(text: str, path: str) -> tuple[yaml.Node | None, Any]:

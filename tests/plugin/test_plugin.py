@@ -125,3 +125,19 @@ def test_xdist_workers_send_their_records_to_the_controller(project):
     result = project.runpytest("-p", "no:cacheprovider", "-n", "2", "--results-json=r.json")
     result.assert_outcomes(passed=3)
     assert len(json.loads((project.path / "r.json").read_text())["items"]) == 3
+
+
+def test_problems_only_the_harness_sees_still_name_file_line_and_field(project):
+    _write(project, "scenarios/sizes.yaml", "name: s\ngraph:\n  mode: FULL\n  capture_sizes: [1, 3]\n"
+                                          "features: {sp: {tp: 2}}\nworkload:\n  requests:\n"
+                                          "    - {prompt_len: 2, output_len: 2}\n")
+    _write(project, "scenarios/canary.yaml", "name: c\nmodel:\n  kind: canary\n  layers: 9\n"
+                                           "graph: {mode: FULL}\nworkload:\n  requests:\n"
+                                           "    - {prompt_len: 2, output_len: 2}\n")
+    result = project.runpytest("-p", "no:cacheprovider", "-q")
+    result.stdout.fnmatch_lines_random([
+        "*scenarios/sizes.yaml:4: graph.capture_sizes: sequence parallel with tp=2 leaves no capture size*",
+        "*scenarios/canary.yaml:2: model.hidden_size: canary: hidden_size (64) must be >= 92*",
+    ])
+    result.assert_outcomes(errors=2)
+    assert "Traceback" not in result.stdout.str()
