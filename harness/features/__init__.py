@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any, Mapping
 
-from harness.features.base import MODE_ORDER, SINGLE_RANK, Feature, RankContext, StepShape
+from harness.features.base import MODE_ORDER, SINGLE_RANK, Feature, RankAxisFeature, RankContext, StepShape
 from harness.features.cp import ContextParallel
 from harness.features.dp import DataParallel, DPDisagreement, check_agreement
 from harness.features.mtp import SpeculativeDecoding
@@ -44,6 +44,6 @@ def active_features(features: Mapping[str, Any], fixes: Mapping[str, bool]) -> l
 
 __all__ = [
     "BUILTIN", "ENTRY_POINT_GROUP", "MODE_ORDER", "SINGLE_RANK", "ContextParallel", "DPDisagreement",
-    "DataParallel", "Feature", "RankContext", "SequenceParallel", "SpeculativeDecoding", "StepShape",
+    "DataParallel", "Feature", "RankAxisFeature", "RankContext", "SequenceParallel", "SpeculativeDecoding", "StepShape",
     "active_features", "check_agreement", "registry",
 ]

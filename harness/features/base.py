@@ -66,3 +66,19 @@ class Feature:
 
     def unsupported(self, scenario: Mapping[str, Any]) -> str | None:
         return None
+
+
+class RankAxisFeature(Feature):
+    """A feature that spreads a step over ranks along one axis, sized by one setting."""
+
+    size_key: ClassVar[str] = "size"
+
+    @property
+    def size(self) -> int:
+        return int(self.settings.get(self.size_key, 1))
+
+    def enabled(self) -> bool:
+        return self.size > 1
+
+    def ranks(self) -> int:
+        return self.size

@@ -11,29 +11,20 @@ attention mechanics are :mod:`harness.model.context_parallel`.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, Mapping
 
-from harness.features.base import Feature, RankContext
+from harness.features.base import RankAxisFeature, RankContext
 from harness.graph.metadata import AttentionMetadata
 from harness.graph.runner import AttentionStyle
 from harness.model.context_parallel import cp_combine, cp_metadata_from_attention_metadata
 
 
-class ContextParallel(Feature):
+class ContextParallel(RankAxisFeature):
     name = "cp"
     fix = "cp_kv_padding"
     ledger = "cp"
 
-    @property
-    def size(self) -> int:
-        return int(self.settings.get("size", 1))
-
-    def enabled(self) -> bool:
-        return self.size > 1
-
-    def ranks(self) -> int:
-        return self.size
-
-    def unsupported(self, scenario):
+    def unsupported(self, scenario: Mapping[str, Any]) -> str | None:
         if scenario.get("features", {}).get("sp", {}).get("tp", 1) > 1:
             return ("CP with SP: vLLM Ascend's DCP splits the TP ranks' KV; this harness models CP "
                     "on ranks of its own, so the combination is not modelled")

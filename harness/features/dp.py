@@ -13,27 +13,17 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness.features.base import MODE_ORDER, Feature, RankContext, StepShape
+from harness.features.base import MODE_ORDER, RankAxisFeature, RankContext, StepShape
 
 
 class DPDisagreement(RuntimeError):
     """Ranks entered a step with different sizes or modes: on hardware, a hang."""
 
 
-class DataParallel(Feature):
+class DataParallel(RankAxisFeature):
     name = "dp"
     fix = "dp_sync"
     ledger = "dp"
-
-    @property
-    def size(self) -> int:
-        return int(self.settings.get("size", 1))
-
-    def enabled(self) -> bool:
-        return self.size > 1
-
-    def ranks(self) -> int:
-        return self.size
 
     def agree(self, shape: StepShape, ctx: RankContext) -> StepShape:
         if ctx.dp_group is None or not self.fix_on:

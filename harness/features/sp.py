@@ -9,24 +9,19 @@ metadata for them (a dummy request), and without it the FIA host check sees
 
 from __future__ import annotations
 
-from harness.features.base import Feature
+from harness.features.base import RankAxisFeature
 from harness.graph.capture_sizes import sizes_for_sequence_parallel
 
 
-class SequenceParallel(Feature):
+class SequenceParallel(RankAxisFeature):
     name = "sp"
     fix = "sp_padding"
     ledger = "sp"
+    size_key = "tp"
 
     @property
     def tp(self) -> int:
-        return int(self.settings.get("tp", 1))
-
-    def enabled(self) -> bool:
-        return self.tp > 1
-
-    def ranks(self) -> int:
-        return self.tp
+        return self.size
 
     def capture_sizes(self, sizes: list[int], max_size: int) -> list[int]:
         return sizes_for_sequence_parallel(sizes, self.tp)
