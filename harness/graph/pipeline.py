@@ -205,7 +205,8 @@ class Stepper:
             uniform = runner.is_uniform(meta)
             real = meta.num_actual_tokens
         else:
-            decision = DispatchDecision(CUDAGraphMode.NONE, None, 0, "idle rank")
+            # An idle rank never vetoes a graph: the busy ranks' modes decide (min over ranks).
+            decision = DispatchDecision(CUDAGraphMode.FULL, None, 0, "idle rank")
             uniform, real = True, 0
         ledger = {"real": real, "bucket": decision.num_tokens_padded - real}
         drafts = sum(r.num_new_tokens - 1 for r, d in zip(step.requests, step.decodes) if d) if step else 0
