@@ -101,21 +101,8 @@ class StepInputs:
     input_ids: list[int]
 
 
-def step_inputs(
-    requests: Sequence[ScheduledRequest], tokens: dict[str, list[int]], meta: AttentionMetadata
-) -> StepInputs:
-    ids: list[int] = []
-    for req in requests:
-        ids.extend(tokens[req.req_id][req.num_computed_tokens : req.seq_len])
-    ids.extend([0] * (meta.num_input_tokens - len(ids)))
-    return StepInputs(meta, ids)
-
-
-def _block_table(meta: AttentionMetadata, rows: int | None = None) -> Tensor:
-    table = torch.tensor(meta.block_table, dtype=torch.int32)
-    if rows is not None and rows > table.shape[0]:
-        table = torch.cat([table, torch.zeros(rows - table.shape[0], table.shape[1], dtype=torch.int32)])
-    return table
+def _block_table(meta: AttentionMetadata) -> Tensor:
+    return torch.tensor(meta.block_table, dtype=torch.int32)
 
 
 class EagerRunner:
@@ -347,15 +334,7 @@ class GraphRunner:
         return logits[: meta.num_actual_tokens].clone(), executed
 
     def _run_eager(self, meta: AttentionMetadata, input_ids: list[int]) -> Tensor:
-        return EagerRunner(self.model, self.kv_cache, self.style).execute(StepInputs(meta, input_ids)) \
-            if meta.num_actual_tokens == meta.num_input_tokens else \
-            self._eager_padded(meta, input_ids)
-
-    def _eager_padded(self, meta: AttentionMetadata, input_ids: list[int]) -> Tensor:
-        attend = fia_attend(self.model, meta, _block_table(meta), self.style)
-        return self.model(torch.tensor(input_ids, dtype=torch.int64),
-                          torch.tensor(meta.positions, dtype=torch.int64),
-                          torch.tensor(meta.slot_mapping, dtype=torch.int64), self.kv_cache, attend)
+        return EagerRunner(self.model, self.kv_cache, self.style).execute(StepInputs(meta, input_ids))
 
     def _write_static(self, inputs: StepInputs) -> None:
         meta = inputs.meta
