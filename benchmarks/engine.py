@@ -166,7 +166,7 @@ def bench_replay_per_op(npu, op_counts: list[int], reps: int) -> dict:
 
         replay()  # first replay outside the timing
         times[n] = (recorded, median_time(replay, reps))
-    (n_lo, (r_lo, t_lo)), (n_hi, (r_hi, t_hi)) = min(times.items()), max(times.items())
+    (r_lo, t_lo), (r_hi, t_hi) = times[min(times)], times[max(times)]
     slope = (t_hi - t_lo) / (r_hi - r_lo)
     return {
         "graphs": {str(n): {"recorded_ops": r, "replay_seconds": t, "us_per_op": t / r * 1e6} for n, (r, t) in times.items()},

@@ -16,7 +16,7 @@ can say which failure came first and a report is written whatever happened.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 import torch
