@@ -8,25 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+
 from ..errors import StreamBudgetError
+from ..protocol import StreamConfig
 from .pool import PoolRegistry
 from .streams import Scheduler, Stream
 
 #: Namespaces whose ops are collectives: each communication group a graph uses needs streams.
 COMM_NAMESPACES = ("_c10d_functional", "c10d", "_c10d_functional_autograd")
-
-
-@dataclass
-class StreamConfig:
-    """How many device streams exist and how many a captured graph consumes.
-
-    ``per_comm_group`` follows the HCCL expansion mode: AIV needs one extra stream per
-    communication group, the default (FFTS+/AICPU) mode two (reference section 7).
-    """
-
-    pool_size: int = 2048
-    per_graph: int = 1
-    per_comm_group: int = 2
 
 
 @dataclass
