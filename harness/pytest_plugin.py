@@ -23,8 +23,6 @@ from harness.report.results import RECORD_KEY, item_record, metrics, write_resul
 from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, load_scenario_file, locate
 
 SCENARIO_DIR = "scenarios"
-FEATURE_MARKERS = {"sp": "sequence parallel (tp > 1)", "dp": "data parallel (size > 1)",
-                   "mtp": "speculative decoding (k > 0)", "cp": "context parallel (size > 1)"}
 _results_key = pytest.StashKey[list]()
 _environment_key = pytest.StashKey[dict]()
 
@@ -55,8 +53,11 @@ def selected_modes(config: pytest.Config) -> list[str] | None:
 def pytest_configure(config: pytest.Config) -> None:
     for mode in GRAPH_MODES:
         config.addinivalue_line("markers", f"{mode.lower()}: scenario items running in graph mode {mode}")
-    for name, what in FEATURE_MARKERS.items():
-        config.addinivalue_line("markers", f"{name}: scenario items using {what}")
+    from harness.features import registry
+
+    for name, cls in registry().items():  # every feature's marker, plugins' included
+        if cls.marker:
+            config.addinivalue_line("markers", f"{name}: scenario items using {cls.marker}")
     config.addinivalue_line("markers", "known_bad: scenarios built to fail the named checks")
     selected_modes(config)  # a bad --mode is a usage error before collection
     # One bad scenario file is a collection error for that file only; the rest still runs.
@@ -151,11 +152,15 @@ class ScenarioItem(pytest.Item):
         self.point = point
         scenario = point.scenario
         self.add_marker(scenario.graph.mode.lower())
-        features = scenario.features
-        for name, on in (("sp", features.sp.tp > 1), ("dp", features.dp.size > 1), ("mtp", features.mtp.k > 0),
-                         ("cp", features.cp.size > 1)):
-            if on:
-                self.add_marker(name)
+        from harness.session import scenario_features
+
+        try:
+            active = scenario_features(scenario)
+        except ValueError:  # an unknown feature: preflight has reported it already
+            active = []
+        for feature in active:
+            if feature.marker:
+                self.add_marker(feature.name)
         if scenario.expect.outcome == "fail":
             self.add_marker("known_bad")
         self.record: dict[str, Any] | None = None
