@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from types import ModuleType
 
 from .errors import (
     CaptureError,

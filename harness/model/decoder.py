@@ -416,29 +416,14 @@ def make_eager_attend(
     The host lists are read (copied to Python ints) at every call, so a caller that mutates the
     list objects between steps is seen live.
     """
+    from harness.ops.attention import AttentionHeads, attend_eager, fia_kwargs
+
     softmax_scale = attention_scale(config) if scale is None else float(scale)
     tp = 1 if parallel is None else parallel.tp
-    num_heads, num_kv_heads = config.num_heads // tp, config.num_kv_heads // tp
+    heads = AttentionHeads(config.block_size, config.num_heads // tp, config.num_kv_heads // tp, softmax_scale)
 
     def attend(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
-        op = fia
-        if op is None:
-            from harness.ops import npu_fused_infer_attention_score as op
-        out, _ = op(
-            query,
-            key_cache,
-            value_cache,
-            actual_seq_lengths=_host_list(actual_seq_lengths),
-            actual_seq_lengths_kv=_host_list(actual_seq_lengths_kv),
-            block_table=block_table,
-            block_size=config.block_size,
-            num_heads=num_heads,
-            num_key_value_heads=num_kv_heads,
-            scale=softmax_scale,
-            input_layout="TND",
-            sparse_mode=3,
-            softmax_lse_flag=False,
-        )
-        return out
+        kwargs = fia_kwargs(heads, _host_list(actual_seq_lengths), _host_list(actual_seq_lengths_kv), block_table)
+        return attend_eager(query, key_cache, value_cache, kwargs, op=fia)
 
     return attend
