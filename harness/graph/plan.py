@@ -63,11 +63,9 @@ class PaddingLedger:
         return self.real + self.spec + self.bucket + sum(n for _, n in self.features)
 
     def to_dict(self) -> dict[str, int]:
-        out = {"real": self.real}
+        out = {"real": self.real, "bucket": self.bucket}
         if self.spec:
             out["spec"] = self.spec
-        if self.bucket or not self.features:
-            out["bucket"] = self.bucket
         out.update(self.features)
         return out
 
