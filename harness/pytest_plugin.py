@@ -84,7 +84,7 @@ def _describe_environment(config: pytest.Config) -> None:
 
     table = config.stash.get(metadata_key, None)
     if table is not None:
-        table.update({"graph-harness": harness.__version__, "torch": torch.__version__,
+        table.update({"graph-harness": harness.__version__, "torch": str(torch.__version__),  # TorchVersion does not cross xdist
                       "backend": resolve(config.getoption("--backend"))})
 
 

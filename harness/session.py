@@ -63,7 +63,7 @@ def environment(backend: str) -> dict[str, str]:
     engine = load(backend)
     return {
         "harness": harness.__version__,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "python": platform.python_version(),
         "backend": engine.name,
         "device": engine.device_name(),
