@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Literal
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from ..errors import CAPTURE_SYNC_MESSAGE, CaptureError
 from .pool import Block, MemoryPool
@@ -83,8 +83,7 @@ class OpNode:
             return
         result = self.func(*self.args, **self.kwargs)
         if self.kind == "functional":
-            flat, _ = tree_flatten(result)
-            for captured, fresh in zip(self.outputs, flat):
+            for captured, fresh in zip(self.outputs, _tensors(result)):
                 if self.func.namespace == "_c10d_functional":
                     # An asynchronous collective: its result is valid only once waited on, and
                     # the tape's own wait_tensor waits on the captured buffer, not this one.
@@ -106,9 +105,14 @@ def _is_write(arg: torch._C.Argument) -> bool:
     return arg.alias_info is not None and arg.alias_info.is_write
 
 
+#: Host values that cannot change after capture: kept as they are, never copied.
+_IMMUTABLE = (int, float, bool, str, complex, type(None), torch.dtype, torch.device, torch.layout,
+              torch.memory_format)
+
+
 def _frozen(value: Any) -> Any:
     """Deep-copy everything but tensors: host values are frozen at capture time."""
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, (torch.Tensor, *_IMMUTABLE)):
         return value
     if isinstance(value, (list, tuple)):
         return type(value)(_frozen(v) for v in value)
@@ -117,10 +121,99 @@ def _frozen(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or results (a plain walk: pytree is slow per op)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
 def _to_meta(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
     return value
+
+
+@dataclass(frozen=True)
+class _TensorSpec:
+    """What shape inference says of one output: enough to allocate it from a pool."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _signature(value: Any) -> Any:
+    """A hashable key of everything an op's shape inference can read from its arguments.
+
+    Tensors contribute their metadata (never their values: an op whose output shape depends on
+    values is rejected as a host sync before inference). Raises TypeError for unhashable hosts.
+    """
+    if isinstance(value, torch.Tensor):
+        return (value.shape, value.stride(), value.dtype, value.device, value.storage_offset())
+    if isinstance(value, (list, tuple)):
+        return (type(value), *map(_signature, value))
+    if isinstance(value, dict):
+        return tuple((k, _signature(v)) for k, v in value.items())
+    if not isinstance(value, _IMMUTABLE):
+        raise TypeError(f"no signature for {type(value).__name__}")
+    return (type(value), value)
+
+
+def _spec_of(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _TensorSpec(tuple(value.shape), tuple(value.stride()), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_spec_of(v) for v in value)
+    return value
+
+
+#: Shape inference results per (op, argument signature), for the whole process: a 40-layer
+#: model issues the same few signatures thousands of times, and inference is pure.
+_INFERRED: dict[Any, Any] = {}
+_INFERRED_MAX = 100_000
+
+
+@dataclass(frozen=True)
+class _OpInfo:
+    """What :meth:`Capture.record` needs to know about an op, read once from its schema."""
+
+    name: str
+    host_returns: bool
+    data_dependent: bool
+    rng: bool
+    inplace_view: bool
+    writes: bool
+    view: bool
+    allocation: bool
+    run_to_infer: bool  # an aten op without RNG: its CPU kernel is the cheapest shape inference
+
+
+_OP_INFO: dict[Any, _OpInfo] = {}
+
+
+def _op_info(func: torch._ops.OpOverload) -> _OpInfo:
+    info = _OP_INFO.get(func)
+    if info is None:
+        schema, tags = func._schema, func.tags
+        rng = torch.Tag.nondeterministic_seeded in tags
+        info = _OpInfo(
+            name=schema.name,
+            host_returns=any(str(r.type) not in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns),
+            data_dependent=torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags,
+            rng=rng,
+            inplace_view=torch.Tag.inplace_view in tags,
+            writes=any(_is_write(a) for a in schema.arguments),
+            view=bool(schema.returns) and all(r.alias_info is not None for r in schema.returns),
+            allocation=schema.name in _ALLOCATION_OPS,
+            run_to_infer=func.namespace == "aten" and not rng,
+        )
+        _OP_INFO[func] = info
+    return info
 
 
 class Capture:
@@ -168,38 +261,36 @@ class Capture:
         raise error
 
     def record(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-        schema = func._schema
-        tags = func.tags
-        if any(str(r.type) not in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns):
-            self.host_sync(f"{schema.name} returns a host value")
-        if torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags:
-            self.host_sync(f"{schema.name} has a data-dependent result")
-        if schema.name in _BOOL_INDEX_OPS and _has_bool_index(args):
-            self.host_sync(f"boolean-mask indexing ({schema.name})")
-        if torch.Tag.nondeterministic_seeded in tags and not self.allow_rng:
+        info = _op_info(func)
+        if info.host_returns:
+            self.host_sync(f"{info.name} returns a host value")
+        if info.data_dependent:
+            self.host_sync(f"{info.name} has a data-dependent result")
+        if info.name in _BOOL_INDEX_OPS and _has_bool_index(args):
+            self.host_sync(f"boolean-mask indexing ({info.name})")
+        if info.rng and not self.allow_rng:
             error = CaptureError(
-                f"{schema.name} draws random numbers inside the capture of {self.graph_name}; a real "
+                f"{info.name} draws random numbers inside the capture of {self.graph_name}; a real "
                 "graph must register the generator state (pass allow_rng=True to capture it)"
             )
             self.failed = self.failed or error
             raise error
 
-        if torch.Tag.inplace_view in tags:  # metadata-only (t_, squeeze_): apply now, never again
+        if info.inplace_view:  # metadata-only (t_, squeeze_): apply now, never again
             return func(*args, **kwargs)
 
-        writes = [a for a in schema.arguments if _is_write(a)]
         node = OpNode(len(self.nodes), func, _frozen(args), _frozen(kwargs), "functional")
-        if writes:
+        if info.writes:
             node.kind = "mutating"
             result = self._aliased_returns(func, args, kwargs)
-        elif schema.returns and all(r.alias_info is not None for r in schema.returns):
+        elif info.view:
             node.kind = "view"
             result = func(*args, **kwargs)
-            self.allocated.extend(t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor))
+            self.allocated.extend(_tensors(result))
         else:
             result = self._allocate_outputs(func, args, kwargs)
-            node.outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
-            if schema.name in _ALLOCATION_OPS:
+            node.outputs = _tensors(result)
+            if info.allocation:
                 node.kind = "allocation"
         self._add(node)
         return result
@@ -229,20 +320,17 @@ class Capture:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _allocate_outputs(self, func, args, kwargs) -> Any:
-        try:
-            shaped = func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
-        except (NotImplementedError, RuntimeError):
-            shaped = func(*args, **kwargs)  # no meta kernel: the values are discarded below
+        def allocate(spec: Any) -> Any:
+            if isinstance(spec, _TensorSpec):
+                tensor, block = self.pool.allocate(spec.shape, spec.stride, spec.dtype, self.graph_name)
+                self.blocks.append(block)
+                self.allocated.append(tensor)
+                return tensor
+            if isinstance(spec, (list, tuple)):
+                return type(spec)(allocate(s) for s in spec)
+            return spec
 
-        def allocate(t: Any) -> Any:
-            if not isinstance(t, torch.Tensor):
-                return t
-            tensor, block = self.pool.allocate(t.shape, t.stride(), t.dtype, self.graph_name)
-            self.blocks.append(block)
-            self.allocated.append(tensor)
-            return tensor
-
-        return tree_map(allocate, shaped)
+        return allocate(_infer_outputs(func, args, kwargs))
 
     # -- end of capture ----------------------------------------------------------------------
     def release_intermediates(self) -> None:
@@ -254,9 +342,8 @@ class Capture:
         internal: dict[int, int] = {}
         for node in self.nodes:
             if isinstance(node, OpNode):
-                for t in tree_flatten((node.args, node.kwargs, node.outputs))[0]:
-                    if isinstance(t, torch.Tensor):
-                        internal[id(t)] = internal.get(id(t), 0) + 1
+                for t in _tensors((node.args, node.kwargs, node.outputs)):
+                    internal[id(t)] = internal.get(id(t), 0) + 1
         for t in self.allocated:
             internal[id(t)] = internal.get(id(t), 0) + 1
         live = set()
@@ -268,8 +355,43 @@ class Capture:
 
 
 def _has_bool_index(args: tuple) -> bool:
-    flat, _ = tree_flatten(args[1:])
-    return any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in flat)
+    return any(t.dtype in (torch.bool, torch.uint8) for t in _tensors(args[1:]))
+
+
+def _infer_outputs(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    """The outputs' shapes, strides and dtypes (as :class:`_TensorSpec` in the result's structure).
+
+    Memoized per signature. On a miss an aten op runs once on its arguments and its values are
+    thrown away: a functional op changes nothing it is given, and on CPU its kernel is far
+    cheaper than the Python meta kernels (refs, prims) that aten's elementwise ops resolve to
+    on the meta device, which would also import torch._dynamo and sympy on first use. Other
+    ops (collectives, ``torch.library`` ops) and any op that cannot run on the capture's
+    contents (pool memory is poisoned) are inferred on meta tensors.
+    """
+    try:
+        key = (func, _signature(args), _signature(kwargs))
+    except TypeError:
+        key = None
+    spec = _INFERRED.get(key) if key is not None else None
+    if spec is None:
+        spec = _spec_of(_run_for_shapes(func, args, kwargs))
+        if key is not None:
+            if len(_INFERRED) >= _INFERRED_MAX:
+                _INFERRED.clear()
+            _INFERRED[key] = spec
+    return spec
+
+
+def _run_for_shapes(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    if _op_info(func).run_to_infer:
+        try:
+            return func(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - e.g. an index read from poisoned memory; meta next
+            pass
+    try:
+        return func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+    except (NotImplementedError, RuntimeError):
+        return func(*args, **kwargs)  # no meta kernel: the values are discarded
 
 
 class CaptureMode(TorchDispatchMode):
@@ -278,6 +400,12 @@ class CaptureMode(TorchDispatchMode):
     def __init__(self, capture: Capture) -> None:
         super().__init__()
         self.capture = capture
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Otherwise torch wraps __torch_dispatch__ in torch._dynamo.disable, whose first call
+        # imports torch._dynamo (about 2 s per process). Nothing here runs under torch.compile.
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return self.capture.record(func, args, kwargs or {})
