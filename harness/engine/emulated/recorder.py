@@ -394,18 +394,25 @@ def _run_for_shapes(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> A
         return func(*args, **kwargs)  # no meta kernel: the values are discarded
 
 
-class CaptureMode(TorchDispatchMode):
+class EmulatorDispatchMode(TorchDispatchMode):
+    """Base of the emulator's dispatch modes.
+
+    torch wraps a mode's ``__torch_dispatch__`` in ``torch._dynamo.disable`` unless the mode
+    opts out; the wrapper's first call imports torch._dynamo (about 2 s per process). The
+    emulator's modes never run under torch.compile, so they opt out.
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+
+class CaptureMode(EmulatorDispatchMode):
     """Routes every op issued while capturing into the :class:`Capture`."""
 
     def __init__(self, capture: Capture) -> None:
         super().__init__()
         self.capture = capture
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        # Otherwise torch wraps __torch_dispatch__ in torch._dynamo.disable, whose first call
-        # imports torch._dynamo (about 2 s per process). Nothing here runs under torch.compile.
-        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return self.capture.record(func, args, kwargs or {})
