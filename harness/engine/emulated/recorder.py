@@ -1,15 +1,17 @@
 """Capture: record the device work of a forward once, as a tape of nodes.
 
 A ``TorchDispatchMode`` sees every aten (and custom ``torch.library``) op below autograd. During
-a capture nothing is computed; each op becomes a node, and the tape is what a replay runs:
+a capture nothing visible is computed; each op becomes a node, and the tape is what a replay runs:
 
 * tensor arguments are kept by reference, i.e. bound by address: a replay reads their current
   contents and writes in place, and rebinding a Python variable to another tensor changes
   nothing, exactly as on hardware;
 * every other argument (ints, floats, lists such as ``actual_seq_lengths``) is deep-copied:
   frozen at its capture-time value;
-* functional ops get outputs allocated from the graph's memory pool (shape inference on meta
-  tensors), filled with poison: they hold no valid data until the first replay;
+* functional ops get outputs allocated from the graph's memory pool, filled with poison: they
+  hold no valid data until the first replay. Their shapes come from shape inference, memoized
+  per op signature: an aten op runs once on the host and its values are thrown away (cheaper
+  than aten's Python meta kernels); collectives and ``torch.library`` ops use meta tensors;
 * ops that write their arguments (in-place, ``.out``) are not run: capture has no visible side
   effect; replay runs them once each;
 * views are made now (they compute nothing) and skipped on replay, since they alias storage
@@ -108,28 +110,52 @@ def _is_write(arg: torch._C.Argument) -> bool:
 #: Host values that cannot change after capture: kept as they are, never copied.
 _IMMUTABLE = (int, float, bool, str, complex, type(None), torch.dtype, torch.device, torch.layout,
               torch.memory_format)
+#: Exact types kept by reference by :func:`_frozen` (tensors: bound by address; the rest immutable).
+_KEPT = frozenset({*_IMMUTABLE, torch.Tensor, torch.nn.Parameter, torch.Size})
 
 
 def _frozen(value: Any) -> Any:
     """Deep-copy everything but tensors: host values are frozen at capture time."""
-    if isinstance(value, (torch.Tensor, *_IMMUTABLE)):
+    kind = type(value)
+    if kind in _KEPT or isinstance(value, torch.Tensor):
         return value
+    if kind is tuple or kind is list:
+        return kind(_frozen(v) for v in value)
     if isinstance(value, (list, tuple)):
-        return type(value)(_frozen(v) for v in value)
+        return kind(_frozen(v) for v in value)
     if isinstance(value, dict):
         return {k: _frozen(v) for k, v in value.items()}
     return copy.deepcopy(value)
+
+
+def _frozen_args(args: tuple) -> tuple:
+    """:func:`_frozen` for a positional-argument tuple, which is most often tensors and ints."""
+    for value in args:
+        if type(value) not in _KEPT:
+            return tuple(_frozen(v) for v in args)
+    return args
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
     """The tensors in an op's arguments or results (a plain walk: pytree is slow per op)."""
     if isinstance(value, torch.Tensor):
         return [value]
+    found: list[torch.Tensor] = []
+    _collect(value, found)
+    return found
+
+
+def _collect(value: Any, found: list[torch.Tensor]) -> None:
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
-    if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
-    return []
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                found.append(v)
+            elif isinstance(v, (list, tuple, dict)):
+                _collect(v, found)
+    elif isinstance(value, dict):
+        _collect(list(value.values()), found)
+    elif isinstance(value, torch.Tensor):
+        found.append(value)
 
 
 def _to_meta(value: Any) -> Any:
@@ -191,6 +217,7 @@ class _OpInfo:
     view: bool
     allocation: bool
     run_to_infer: bool  # an aten op without RNG: its CPU kernel is the cheapest shape inference
+    guarded: bool  # whether Capture._guard has anything to check (host syncs, RNG)
 
 
 _OP_INFO: dict[Any, _OpInfo] = {}
@@ -201,16 +228,19 @@ def _op_info(func: torch._ops.OpOverload) -> _OpInfo:
     if info is None:
         schema, tags = func._schema, func.tags
         rng = torch.Tag.nondeterministic_seeded in tags
+        host_returns = any(str(r.type) not in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns)
+        data_dependent = torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags
         info = _OpInfo(
             name=schema.name,
-            host_returns=any(str(r.type) not in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns),
-            data_dependent=torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags,
+            host_returns=host_returns,
+            data_dependent=data_dependent,
             rng=rng,
             inplace_view=torch.Tag.inplace_view in tags,
             writes=any(_is_write(a) for a in schema.arguments),
             view=bool(schema.returns) and all(r.alias_info is not None for r in schema.returns),
             allocation=schema.name in _ALLOCATION_OPS,
             run_to_infer=func.namespace == "aten" and not rng,
+            guarded=host_returns or data_dependent or rng or schema.name in _BOOL_INDEX_OPS,
         )
         _OP_INFO[func] = info
     return info
@@ -261,7 +291,31 @@ class Capture:
         raise error
 
     def record(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-        info = _op_info(func)
+        info = _OP_INFO.get(func) or _op_info(func)
+        if info.guarded:
+            self._guard(func, info, args)
+        if info.inplace_view:  # metadata-only (t_, squeeze_): apply now, never again
+            return func(*args, **kwargs)
+
+        node = OpNode(len(self.nodes), func, _frozen_args(args), _frozen(kwargs) if kwargs else {},
+                      "functional")
+        if info.writes:
+            node.kind = "mutating"
+            result = self._aliased_returns(func, args, kwargs)
+        elif info.view:
+            node.kind = "view"
+            result = func(*args, **kwargs)
+            self.allocated.extend(_tensors(result))
+        else:
+            result = self._allocate_outputs(func, args, kwargs)
+            node.outputs = _tensors(result)
+            if info.allocation:
+                node.kind = "allocation"
+        self._add(node, info.name)
+        return result
+
+    def _guard(self, func: torch._ops.OpOverload, info: _OpInfo, args: tuple) -> None:
+        """Host syncs and RNG: what a capture must refuse."""
         if info.host_returns:
             self.host_sync(f"{info.name} returns a host value")
         if info.data_dependent:
@@ -276,29 +330,10 @@ class Capture:
             self.failed = self.failed or error
             raise error
 
-        if info.inplace_view:  # metadata-only (t_, squeeze_): apply now, never again
-            return func(*args, **kwargs)
-
-        node = OpNode(len(self.nodes), func, _frozen(args), _frozen(kwargs), "functional")
-        if info.writes:
-            node.kind = "mutating"
-            result = self._aliased_returns(func, args, kwargs)
-        elif info.view:
-            node.kind = "view"
-            result = func(*args, **kwargs)
-            self.allocated.extend(_tensors(result))
-        else:
-            result = self._allocate_outputs(func, args, kwargs)
-            node.outputs = _tensors(result)
-            if info.allocation:
-                node.kind = "allocation"
-        self._add(node)
-        return result
-
-    def _add(self, node: OpNode) -> None:
+    def _add(self, node: OpNode, name: str) -> None:
         if self._open_group is not None:
             node.group = self._open_group
-        elif self.auto_dispatch and node.func._schema.name in UPDATABLE_OPS:
+        elif self.auto_dispatch and name in UPDATABLE_OPS:
             node.group = len(self.groups)
             self.groups[node.group] = []
         if node.group is not None:
