@@ -113,7 +113,7 @@ def row_linear(x: Tensor, weight: Tensor) -> Tensor:
     blocks = rows.shape[0] // ROW_BLOCK
     w = weight.float().t().expand(blocks, -1, -1)  # every block shares the weight: a stride-0 view
     out = torch.bmm(rows.reshape(blocks, ROW_BLOCK, -1), w).reshape(blocks * ROW_BLOCK, -1)
-    return out[:t].to(x.dtype)
+    return (out[:t] if pad else out).to(x.dtype)
 
 
 class RowLinear(nn.Module):
