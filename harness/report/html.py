@@ -44,7 +44,7 @@ TABLE_COLUMNS = (("mode", "Mode"), ("features", "Features"), ("check", "Failed c
 _OUTCOME_LABEL = {"passed": "passed", "failed": "failed", "xfailed": "xfailed (known-bad, failed as expected)",
                   "skipped": "skipped"}
 _TEMPLATES = Path(__file__).with_name("templates")
-_SCRIPT_END = re.compile(r"</(script)", re.I)
+_SCRIPT_END = re.compile(r"<(/script|!--)", re.I)  # what could end or escape a script element
 
 
 @lru_cache(maxsize=1)
@@ -435,9 +435,9 @@ def render_fragments(fragments: Mapping[str, str]) -> str:
 
     pytest-html rebuilds its whole results table on every filter, sort and click; fragments
     kept out of its data are parsed only when their row is open, so a 1,000-item page stays
-    fast. ``</script`` is escaped (the script reverses it) so that no fragment can end its
-    element early; autoescaping already keeps it out of every value, this guards the markup.
+    fast. ``</script`` and ``<!--`` are escaped (the page's script reverses it) so that no
+    fragment can end its element early; autoescaping keeps them out of every value already.
     """
     env = _environment()
     return env.get_template("fragments.html.j2").render(
-        fragments=[(key, _SCRIPT_END.sub(r"<\\/\1", html)) for key, html in fragments.items()])
+        fragments=[(key, _SCRIPT_END.sub(r"<\\\1", html)) for key, html in fragments.items()])

@@ -41,7 +41,7 @@
     if (!extras || extras.classList.contains('hidden')) return
     row.querySelectorAll('.gh-lazy:empty').forEach((stub) => {
       const source = document.getElementById('gh-x-' + stub.dataset.ghKey)
-      if (source) stub.innerHTML = source.textContent.replace(/<\\\/(script)/gi, '</$1')
+      if (source) stub.innerHTML = source.textContent.replace(/<\\(\/script|!--)/gi, '<$1')
     })
   }
 
