@@ -187,8 +187,8 @@ class ScenarioItem(pytest.Item):
         if isinstance(excinfo.value, (ScenarioFailed, pytest.xfail.Exception)) and self.record:
             from harness.report.terminal import failure_text
 
-            text = failure_text(self.record, where=f"{self.path.relative_to(self.config.rootpath)}:"
-                                                   f"{self.point.source.line or 1}",
+            where = f"{os.path.relpath(self.path, self.config.invocation_params.dir)}:{self.point.source.line or 1}"
+            text = failure_text(self.record, where=where,
                                 path=str(self.path), locate=locate, reports=_report_paths(self.config))
             if self.record.get("traceback"):
                 text += "\n" + self.record["traceback"]

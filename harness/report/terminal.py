@@ -52,6 +52,7 @@ def failure_text(record: Mapping, *, where: str, path: str | None = None, locate
         at = ", ".join(part for part in (f"step {first.step}" if first.step is not None else "",
                                          f"bucket {first.bucket}" if first.bucket is not None else "") if part)
         head = f"{where}: {first.check} failed{f' at {at}' if at else ''}: {first.summary}"
-        extra = [f"  {line}" for line in (_fix_lines(record, path, locate), f"verdict: {verdict}") if line]
+        said = f"verdict: {verdict}" if verdict and first.summary not in verdict else ""
+        extra = [f"  {line}" for line in (_fix_lines(record, path, locate), said) if line]
     tail = reports_line(reports)
     return "\n".join([head, *extra, *([f"  {tail}"] if tail else [])])
