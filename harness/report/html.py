@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from functools import lru_cache
@@ -103,6 +104,14 @@ def _utilisation(usage: Mapping) -> float | None:
     if isinstance(in_use, (int, float)) and isinstance(pool, (int, float)) and pool:
         return 100.0 * in_use / pool
     return 100.0 * util if isinstance(util, (int, float)) and in_use is not None else None
+
+
+def _relative(source: str) -> str:
+    """An absolute ``file:line`` under the working directory, as a relative one (shorter)."""
+    if not os.path.isabs(source):
+        return source
+    relative = os.path.relpath(source)
+    return source if relative.startswith("..") else relative
 
 
 def item_key(nodeid: str) -> str:
@@ -361,7 +370,7 @@ def render_item(record: Mapping, *, draw_charts: bool | None = None, salt: str =
     duration = record.get("duration")
     context = {
         "outcome": outcome, "outcome_label": _OUTCOME_LABEL.get(outcome, outcome),
-        "verdict": _text(record.get("verdict")), "source": _text(record.get("source")),
+        "verdict": _text(record.get("verdict")), "source": _relative(_text(record.get("source"))),
         "mode": item_mode(record), "features": feature_label(record.get("scenario")),
         "backend": _text(record.get("backend")),
         "duration": f"{duration:.2f} s" if isinstance(duration, (int, float)) else None,
