@@ -188,16 +188,18 @@ class GraphRunner:
                         self.full[key] = self._capture_full(key.num_tokens, meta, pool)
                     else:
                         self.pieces[key.num_tokens] = self._capture_pieces(key.num_tokens, pool)
-                except Exception:
-                    self._log_streams(runtime_mode, key, failed=True)
+                except Exception as error:
+                    self._log_streams(runtime_mode, key, needed=getattr(error, "needed", None), failed=True)
                     raise
             self._log_streams(runtime_mode, key)
 
-    def _log_streams(self, runtime_mode: CUDAGraphMode, key: BatchDescriptor, failed: bool = False) -> None:
-        """Streams held after each bucket's capture: the report draws them against the pool."""
+    def _log_streams(self, runtime_mode: CUDAGraphMode, key: BatchDescriptor, needed: int | None = None,
+                     failed: bool = False) -> None:
+        """Streams held after each bucket's capture (and what a failed one needed): the report
+        draws them against the pool."""
         in_use = self.engine.stream_usage().get("in_use")
         self.streams_by_bucket.append({"bucket": key.num_tokens, "mode": str(runtime_mode), "in_use": in_use,
-                                       "failed": failed})
+                                       "needed": needed, "failed": failed})
 
     def _dummy_metadata(self, key: BatchDescriptor) -> AttentionMetadata:
         """A legal batch of the key's shape, all of it in the null block (slot -1)."""

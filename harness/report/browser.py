@@ -51,9 +51,17 @@ class Chromium:
         self._buffer = b""
         self._events: list[dict[str, Any]] = []
         self._session: str | None = None
+        self._log_tail = ""
 
     # -- process -------------------------------------------------------------------------------
     def __enter__(self) -> "Chromium":
+        try:
+            return self._start()
+        except BrowserError:  # a browser that dies while starting on a loaded machine: once more
+            return self._start()
+
+    def _start(self) -> "Chromium":
+        self._next_id, self._buffer, self._events, self._session = 0, b"", [], None
         self._profile = tempfile.mkdtemp(prefix="gh-chromium-")
         to_browser_r, self._to_browser = os.pipe()
         self._from_browser, from_browser_w = os.pipe()
@@ -62,6 +70,7 @@ class Chromium:
                 "--no-default-browser-check", "--disable-extensions", "--disable-background-networking",
                 "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio", "--remote-debugging-pipe",
                 f"--user-data-dir={self._profile}", f"--window-size={self.width},{self.height}", "about:blank"]
+
         def wire_pipes() -> None:
             # In the child: the protocol wants fds 3 (commands in) and 4 (answers out). Copies
             # first, so that neither end is overwritten when the pipes already sit on 3 or 4.
@@ -71,11 +80,16 @@ class Chromium:
 
         # close_fds=False: the fds that wire_pipes makes must survive into the browser (Python's
         # own fds are close-on-exec anyway).
+        self._log = open(Path(self._profile) / "stderr.log", "wb")  # noqa: SIM115 - closed in __exit__
         self._process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, preexec_fn=wire_pipes, close_fds=False)
+                                         stderr=self._log, preexec_fn=wire_pipes, close_fds=False)
         os.close(to_browser_r)
         os.close(from_browser_w)
-        target = self.send("Target.createTarget", url="about:blank")["targetId"]
+        try:
+            target = self.send("Target.createTarget", url="about:blank")["targetId"]
+        except (BrowserError, OSError) as error:
+            self.__exit__()
+            raise BrowserError(f"chromium did not start: {error}; its log ends: {self._log_tail}") from None
         self._session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         for domain in ("Page", "Runtime", "Log"):
             self.send(f"{domain}.enable")
@@ -99,6 +113,8 @@ class Chromium:
                 os.close(fd)
             except OSError:
                 pass
+        self._log.close()
+        self._log_tail = (Path(self._profile) / "stderr.log").read_text(errors="replace")[-1500:]
         shutil.rmtree(self._profile, ignore_errors=True)
 
     # -- protocol ------------------------------------------------------------------------------

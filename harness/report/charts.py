@@ -19,16 +19,24 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from functools import lru_cache
 from typing import Any
 
-__all__ = ["step_tokens_svg", "streams_svg", "padding_waste_svg", "padding_by_bucket", "SOURCE_COLOURS"]
+__all__ = ["step_tokens_svg", "streams_svg", "padding_waste_svg", "padding_by_bucket", "SOURCE_COLOURS",
+           "safely"]
 
 #: One colour per ledger source, the same in every chart (real work is blue, padding warm).
 SOURCE_COLOURS = {"real": "#4c78a8", "bucket": "#f58518", "sp": "#e45756", "dp": "#b279a2",
                   "spec": "#72b7b2", "cp": "#eeca3b"}
 _OTHER = "#9d755d"
 _FAIL = "#c62828"
+
+
+def safely(draw: Any, *args: Any, **kwargs: Any) -> str:
+    """A chart, or ``""`` if drawing it failed: a chart must never cost the report."""
+    try:
+        return draw(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001
+        return f'<p class="gh-muted">[chart not drawn: {type(error).__name__}]</p>'
 
 
 def _colour(source: str) -> str:
@@ -41,8 +49,9 @@ def _sources(ledgers: Iterable[Mapping]) -> list[str]:
     return [s for s in SOURCE_COLOURS if s in seen] + sorted(seen - set(SOURCE_COLOURS))
 
 
-@lru_cache(maxsize=1)
 def _matplotlib() -> Any:
+    # Not cached: a cached class would outlive a re-import of matplotlib (pytester restores
+    # sys.modules between in-process runs), and the import is a dict lookup after the first.
     import matplotlib
 
     matplotlib.use("Agg", force=False)  # no display, no GUI toolkit
@@ -113,14 +122,18 @@ def streams_svg(by_bucket: Sequence[Mapping], pool: Any, *, salt: str = "") -> s
         return ""
     fig, ax = _figure(max(3.2, min(7.5, 1.6 + 0.3 * len(rows))), 1.9)
     xs = list(range(len(rows)))
-    colours = [_FAIL if b.get("failed") else SOURCE_COLOURS["real"] for b in rows]
-    ax.bar(xs, [float(b["in_use"]) for b in rows], width=0.7, color=colours, linewidth=0, label="streams held")
+    held = [float(b["in_use"]) for b in rows]
+    ax.bar(xs, held, width=0.7, color=SOURCE_COLOURS["real"], linewidth=0, label="streams held")
+    failed = [(x, h, b.get("needed")) for x, h, b in zip(xs, held, rows) if b.get("failed")]
+    if failed:  # what the failed capture asked for, on top of what was held: over the line
+        ax.bar([x for x, _, _ in failed], [float(n) if isinstance(n, (int, float)) else 0.0 for _, _, n in failed],
+               bottom=[h for _, h, _ in failed], width=0.7, color=_FAIL, linewidth=0, label="needed (failed)")
     ax.axhline(float(pool), color="#333", linestyle="--", linewidth=1, label=f"pool ({pool})")
     ax.set_xticks(xs, [f"{b.get('bucket')}" + ("" if b.get("mode") in (None, "FULL") else "p") for b in rows],
                   rotation=90 if len(rows) > 16 else 0)
     ax.set_xlabel("capture size (p: piecewise pieces)", fontsize=7)
     ax.set_ylabel("streams", fontsize=7)
-    _legend(ax, 2)
+    _legend(ax, 3)
     return _svg(fig, f"streams-{salt}")
 
 

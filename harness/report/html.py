@@ -228,7 +228,7 @@ def _budget(check: Mapping, run: Mapping, *, failing: bool, draw: bool, salt: st
     chart = ""
     # Against a pool of thousands a handful of streams is a sliver: draw when it tells something.
     if draw and (failing or (pct or 0) >= 10):
-        chart = charts.streams_svg(_list(usage.get("by_bucket")), usage.get("pool_size"), salt=salt)
+        chart = charts.safely(charts.streams_svg, _list(usage.get("by_bucket")), usage.get("pool_size"), salt=salt)
     seconds = run.get("capture_seconds")
     return {"kind": "stream_budget", "graphs": _text(graphs), "in_use": _text(usage.get("in_use")),
             "pool": _text(usage.get("pool_size")), "utilisation": "\u2014" if pct is None else f"{pct:.1f}%",
@@ -376,8 +376,8 @@ def render_item(record: Mapping, *, draw_charts: bool | None = None, salt: str =
         "duration": f"{duration:.2f} s" if isinstance(duration, (int, float)) else None,
         "first": first, "fixes": fixes_sentence(record) if failing else "",
         "has_run": bool(run), "checks": states,
-        "step_chart": charts.step_tokens_svg(_list(run.get("steps")), failed_step=first.step if first else None,
-                                             salt=salt) if draw else "",
+        "step_chart": charts.safely(charts.step_tokens_svg, _list(run.get("steps")),
+                                   failed_step=first.step if first else None, salt=salt) if draw else "",
         "evidence": _evidence(record, states, first, draw=draw, salt=salt),
         "texts": _texts(_dict(_dict(record.get("checks")).get("stale_params")), run, open_=failing),
         "step_rows": _steps(run, open_=failing),
@@ -429,7 +429,7 @@ def render_page(records: list[Mapping]) -> str:
     context = {
         "css": _static("report.css"), "script": _static("report.js"),
         "grid": _grid(records), "outcomes": outcomes, "total": len(records),
-        "waste_chart": charts.padding_waste_svg(records),
+        "waste_chart": charts.safely(charts.padding_waste_svg, records),
         "peak": None if peak is None else {"pct": f"{peak[0]:.1f}%", "mode": item_mode(peak[1]),
                                            "features": feature_label(peak[1].get("scenario")),
                                            "name": _text(peak[1].get("name"))},

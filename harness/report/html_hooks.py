@@ -79,7 +79,11 @@ class HtmlReport:
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_summary(self, prefix: list[str], summary: list[str], postfix: list[str],
                                     session: pytest.Session) -> None:
-        if self.records or self.fragments:
-            prefix.append(render_page(self.records))
+        # A rendering bug must not cost the report that pytest-html is about to write.
+        try:
+            if self.records or self.fragments:
+                prefix.append(render_page(self.records))
+        except Exception as error:  # noqa: BLE001
+            prefix.append(f"<p>graph-harness could not render the summary: {html_escape.escape(repr(error))}</p>")
         if self.fragments:
             postfix.append(render_fragments(self.fragments))

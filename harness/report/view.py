@@ -79,9 +79,17 @@ def fixes_off(scenario: Any) -> list[str]:
     return [f"fixes.{name}" for name, on in _dict(_dict(scenario).get("fixes")).items() if on is False]
 
 
+def _graph_never_ran(run: Mapping) -> bool:
+    """Whether the graph path stopped at capture: nothing was replayed to compare."""
+    return any(_dict(e).get("path") == "graph" and _dict(e).get("phase") == "capture"
+               for e in _list(run.get("errors")))
+
+
 def _not_evaluated(name: str, check: Mapping, run: Mapping) -> bool:
     """Whether the check looked at nothing, so that its pass would be vacuous."""
     details = _dict(check.get("details"))
+    if name in ("equality", "stale_params") and _graph_never_ran(run):
+        return True
     if name == "fia_invariant":
         return details.get("calls") == 0
     if name == "equality":

@@ -1,6 +1,6 @@
 """The HTML report of a real run, read as a file and in headless Chromium; the terminal lines.
 
-One small suite runs once per module (a pass in two modes, a pass with MTP, a known-bad item
+One small suite runs once per module, on two xdist workers (a pass in two modes, a pass with MTP, a known-bad item
 that fails as expected, an unexpected failure) with pytest-html; the tests read its page, its
 data and its terminal output. The browser test skips where no Chromium is installed
 (Debian: ``apt-get install chromium``).
@@ -46,7 +46,8 @@ def run(tmp_path_factory) -> dict:
         (project / "scenarios" / name).write_text(text)
     (project / "conftest.py").write_text('pytest_plugins = ["harness.pytest_plugin"]\n')
     env = dict(os.environ, COLUMNS="240", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-m", "pytest", "scenarios", "-p", "no:cacheprovider", "-rxf",
+    # -n 2: fragments and records are rendered on the workers and must reach the controller.
+    done = subprocess.run([sys.executable, "-m", "pytest", "scenarios", "-p", "no:cacheprovider", "-rxf", "-n", "2",
                            "--html=out/report.html", "--self-contained-html", "--results-json=out/r.json"],
                           cwd=project, env=env, capture_output=True, text=True, timeout=1800)
     page = (project / "out" / "report.html").read_text()
