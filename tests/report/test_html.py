@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from harness.report import charts
 from harness.report.html import render_fragments, render_item, render_page, row_values
 from harness.report.view import check_states, first_failure
 from harness.report.results import item_record
@@ -183,3 +184,23 @@ def test_fragments_cannot_end_their_script_element():
     page = render_fragments({"k1": "<div>a</div>", "k2": "<p><!--<script></script><script>alert(1)</SCRIPT>"})
     assert page.count("</script>") == 2 and "<!--" not in page and "<\\!--" in page and "<\\/SCRIPT>" in page
     assert 'id="gh-x-k1"><div>a</div></script>' in page
+
+
+def test_charts_are_inline_svg_with_ids_unique_per_chart():
+    steps = [{"step": 0, "ledger": {"real": 5, "bucket": 3}, "num_tokens_padded": 8, "runtime_mode": "FULL"},
+             {"step": 1, "ledger": {"real": 3, "sp": 1}, "num_tokens_padded": 4, "runtime_mode": "FULL"},
+             {"step": 2, "ledger": {"real": 2}, "num_tokens_padded": 2, "runtime_mode": "NONE"}]
+    first = charts.step_tokens_svg(steps, failed_step=0, salt="a")
+    second = charts.step_tokens_svg(steps, salt="b")
+    assert first.startswith("<svg") and "<?xml" not in first and "<metadata" not in first
+    assert ">first failure<" in first and ">first failure<" not in second
+    assert ">real<" in first and ">bucket<" in first and ">sp<" in first  # text stays text
+    ids = lambda svg: set(re.findall(r' id="([^"]+)"', svg))  # noqa: E731
+    assert ids(first) and not ids(first) & ids(second)
+    streams = charts.streams_svg([{"bucket": 8, "in_use": 1}, {"bucket": 4, "in_use": 2},
+                                  {"bucket": 2, "in_use": 2, "needed": 1, "failed": True}], 2)
+    assert ">pool (2)<" in streams and ">needed (failed)<" in streams
+    assert charts.padding_by_bucket([{"run": {"steps": steps}}]) == {4: {"steps": 1, "real": 3, "sp": 1},
+                                                                     8: {"steps": 1, "real": 5, "bucket": 3}}
+    assert charts.step_tokens_svg([]) == "" and charts.streams_svg([], 2) == "" and charts.padding_waste_svg([]) == ""
+    assert "chart not drawn: ZeroDivisionError" in charts.safely(lambda: 1 / 0)
