@@ -60,9 +60,11 @@ def _matplotlib() -> Any:
     return Figure
 
 
-def _figure(width: float, height: float) -> tuple[Any, Any]:
+def _figure(width: float, height: float, bottom: float = 0.42) -> tuple[Any, Any]:
+    """A figure with fixed margins (in inches): a layout engine would cost more than the drawing."""
     Figure = _matplotlib()
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width, height))
+    fig.subplots_adjust(left=0.5 / width, right=1 - 0.1 / width, bottom=bottom / height, top=1 - 0.32 / height)
     ax = fig.add_subplot()
     ax.spines[["top", "right"]].set_visible(False)
     ax.tick_params(labelsize=7, length=2)
@@ -120,7 +122,8 @@ def streams_svg(by_bucket: Sequence[Mapping], pool: Any, *, salt: str = "") -> s
     rows = [b for b in by_bucket if isinstance(b, Mapping) and isinstance(b.get("in_use"), (int, float))]
     if not rows or not isinstance(pool, (int, float)) or pool <= 0:
         return ""
-    fig, ax = _figure(max(3.2, min(7.5, 1.6 + 0.3 * len(rows))), 1.9)
+    fig, ax = _figure(max(3.2, min(7.5, 1.6 + 0.3 * len(rows))), 2.1 if len(rows) > 16 else 1.9,
+                      bottom=0.62 if len(rows) > 16 else 0.42)
     xs = list(range(len(rows)))
     held = [float(b["in_use"]) for b in rows]
     ax.bar(xs, held, width=0.7, color=SOURCE_COLOURS["real"], linewidth=0, label="streams held")

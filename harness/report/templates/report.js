@@ -36,17 +36,31 @@
     return true
   }
 
+  const fillStub = (stub) => {
+    const source = document.getElementById('gh-x-' + stub.dataset.ghKey)
+    if (source && !stub.firstChild) stub.innerHTML = source.textContent.replace(/<\\(\/script|!--)/gi, '<$1')
+  }
+
+  // Open rows are filled as they come near the viewport: a redraw then lays out a screenful
+  // of details, not those of every open row (pytest-html opens every failed and xfailed one).
+  const nearView = 'IntersectionObserver' in window
+    ? new IntersectionObserver((entries) => entries.forEach((entry) => {
+      if (entry.isIntersecting) {
+        nearView.unobserve(entry.target)
+        fillStub(entry.target)
+      }
+    }), { rootMargin: '1500px 0px' })
+    : null
+
   const fill = (row) => {
     const extras = row.querySelector('.extras-row')
     if (!extras || extras.classList.contains('hidden')) return
-    row.querySelectorAll('.gh-lazy:empty').forEach((stub) => {
-      const source = document.getElementById('gh-x-' + stub.dataset.ghKey)
-      if (source) stub.innerHTML = source.textContent.replace(/<\\(\/script|!--)/gi, '<$1')
-    })
+    row.querySelectorAll('.gh-lazy:empty').forEach((stub) => (nearView ? nearView.observe(stub) : fillStub(stub)))
   }
 
   const apply = () => {
     const state = readHash()
+    if (nearView) nearView.disconnect()  // the rows it watched may have been replaced
     const rows = document.querySelectorAll('#results-table tbody.results-table-row')
     let shown = 0
     let total = 0
