@@ -2,7 +2,7 @@
 """Benchmark of the HTML report at scale: size per item, render time per item, browser time.
 
     .venv/bin/python benchmarks/report.py [--items 1000] [--records reports/scenarios.json]
-                                          [--out reports/bench-report.json]
+                                          [--out reports/bench-report.json] [--keep PAGE.html]
 
 A pytest run of ``--items`` synthetic items, each carrying a real item record (taken in turn
 from a results file of a real run, ``make scenarios``'s by default, and spread over every
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -132,6 +133,7 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=1000)
     parser.add_argument("--records", type=Path, default=ROOT / "reports" / "scenarios.json")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "bench-report.json")
+    parser.add_argument("--keep", type=Path, default=None, help="copy the generated HTML page here")
     args = parser.parse_args()
     records = json.loads(args.records.read_text())["items"]
     with tempfile.TemporaryDirectory(prefix="gh-bench-report-") as tmp:
@@ -146,6 +148,8 @@ def main() -> None:
                        cwd=project, env=env, check=False, stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - started
         page = project / "report.html"
+        if args.keep:
+            shutil.copyfile(page, args.keep)
         times = json.loads((project / "render_times.json").read_text())
         by = {}
         for outcome, seconds in times:
