@@ -98,7 +98,8 @@ def step_tokens_svg(steps: Sequence[Mapping], *, failed_step: int | None = None,
     if not rows:
         return ""
     ledgers = [{k: v for k, v in s["ledger"].items() if isinstance(v, (int, float))} for s in rows]
-    sources = _sources(ledgers)
+    # A source that added nothing on any step (``bucket=0`` everywhere) would be legend noise.
+    sources = [src for src in _sources(ledgers) if src == "real" or any(led.get(src) for led in ledgers)]
     fig, ax = _figure(max(3.2, min(7.5, 1.6 + 0.32 * len(rows))), 1.9)
     xs = list(range(len(rows)))
     bottom = [0.0] * len(rows)
