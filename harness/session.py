@@ -34,6 +34,7 @@ from harness.model.parallel import ParallelContext
 from harness.ops import use_torch_npu
 from harness.ranks import run_ranks
 from harness.scenario import Scenario, ScenarioPoint
+from harness.scenario.limits import rank_timeout
 
 #: Outcomes, in pytest's vocabulary.
 PASSED, FAILED, XFAILED, SKIPPED = "passed", "failed", "xfailed", "skipped"
@@ -141,11 +142,14 @@ def _legacy_inputs(scenario: Scenario) -> dict[str, Any]:
 
 
 def dp_share(plans: list[RequestPlan], ctx: RankContext, batches: str) -> list[RequestPlan]:
-    """This DP rank's requests: round robin, or (unequal) rank 0 takes two thirds of them."""
+    """This DP rank's requests: round robin, (unequal) rank 0 takes two thirds of them, or
+    (idle) the last rank takes none."""
     if ctx.dp == 1:
         return plans
     if batches == "equal":
         return plans[ctx.dp_rank :: ctx.dp]
+    if batches == "idle":  # the last rank gets nothing; the others share round robin
+        return [] if ctx.dp_rank == ctx.dp - 1 else plans[ctx.dp_rank :: ctx.dp - 1]
     cut = -(-2 * len(plans) // 3)
     if ctx.dp_rank == 0:
         return plans[:cut]
@@ -267,12 +271,9 @@ def _rank_model(ctx: RankContext):
 
 
 # -- multi-rank ---------------------------------------------------------------------------------
-RANK_TIMEOUT_S = 300.0
-
-
 def _run_ranks(scenario: Scenario, backend: str, world: int) -> tuple[dict[str, CheckResult], RunRecord, list[str]]:
     outcome = run_ranks(_rank_job, world, args=(scenario.model_dump(mode="json"), backend),
-                        timeout=RANK_TIMEOUT_S)
+                        timeout=rank_timeout(scenario))
     features = scenario.features
     layout = f"{world} ranks (dp {features.dp.size} x tp {features.sp.tp} x cp {features.cp.size})"
     if not outcome.ok:

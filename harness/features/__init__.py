@@ -7,6 +7,8 @@ subclass whose ``name`` is its key under a scenario's ``features:``.
 
 from __future__ import annotations
 
+import functools
+import sys
 from importlib.metadata import entry_points
 from typing import Any, Mapping
 
@@ -22,6 +24,12 @@ BUILTIN: tuple[type[Feature], ...] = (SequenceParallel, DataParallel, Speculativ
 
 def registry() -> dict[str, type[Feature]]:
     """Feature classes by name: the built-ins, then any installed through entry points."""
+    return dict(_registry(tuple(sys.path)))
+
+
+@functools.lru_cache(maxsize=4)  # scanning entry points costs ~30 ms; collection asks once per item
+def _registry(search_path: tuple[str, ...]) -> dict[str, type[Feature]]:
+    """The registry as installed on ``search_path`` (the key: entry points depend on sys.path)."""
     found = {cls.name: cls for cls in BUILTIN}
     for entry in entry_points(group=ENTRY_POINT_GROUP):
         cls = entry.load()

@@ -309,13 +309,16 @@ class SPFeature(_Base):
 
 class DPFeature(_Base):
     size: PosInt = 1
-    batches: Literal["equal", "unequal"] = "equal"
+    batches: Literal["equal", "unequal", "idle"] = Field(
+        "equal", description="equal: round robin; unequal: rank 0 takes two thirds; "
+        "idle: the last rank gets no request at all (it runs dummy batches throughout)."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "DPFeature":
-        if self.batches == "unequal" and self.size < 2:
+        if self.batches != "equal" and self.size < 2:
             raise ConsistencyError(
-                [(("batches",), "'unequal' batches need dp size >= 2 (size is 1)")]
+                [(("batches",), f"{self.batches!r} batches need dp size >= 2 (size is 1)")]
             )
         return self
 
@@ -530,6 +533,15 @@ class Scenario(_Base):
         default_factory=list,
         description="Points matching every key/value of any entry are dropped.",
     )
+    matrix_selection: Literal["full", "pairwise"] = Field(
+        "full",
+        description="Which matrix points run by default: every one, or a pairwise covering "
+        "array (every pair of axis values in some item); --matrix=full runs every point.",
+    )
+    timeout_s: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="Wall-clock limit of each item in seconds; null = the harness default."
+    )
+    slow: bool = Field(False, description="A long-running kind: its items carry the 'slow' marker.")
 
     @field_validator("matrix")
     @classmethod
