@@ -244,3 +244,35 @@ def _gone_or_zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_an_interrupted_run_ends_its_ranks(workdirs: list[str]) -> None:
+    """The item's time limit (pytest-timeout, SIGALRM) raises in the parent mid-run: no rank,
+    no temp dir is left behind."""
+
+    class Limit(BaseException):  # like pytest-timeout's Failed: not an Exception
+        pass
+
+    def on_alarm(signum, frame):
+        raise Limit()
+
+    assert run_ranks(rank_fns.parent_pid, 1, timeout=60).ok  # the warm server is up: ranks start in ms
+    seen: list[int] = []
+    real_start = ranks.multiprocessing.process.BaseProcess.start
+
+    def start(self):
+        real_start(self)
+        seen.append(self.pid)
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ranks.multiprocessing.process.BaseProcess, "start", start)
+            signal.setitimer(signal.ITIMER_REAL, 3.0)
+            with pytest.raises(Limit):
+                run_ranks(rank_fns.skip_collective_on_rank1, 2, timeout=120)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(seen) == 2 and all(_gone(pid) for pid in seen), seen
+    assert workdirs and not any(os.path.exists(d) for d in workdirs)
