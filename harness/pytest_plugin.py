@@ -86,7 +86,8 @@ def _describe_environment(config: pytest.Config) -> None:
 
     table = config.stash.get(metadata_key, None)
     if table is not None:
-        table.update({"graph-harness": harness.__version__, "torch": torch.__version__,
+        # str(): torch.__version__ is a TorchVersion, which execnet cannot send to xdist workers
+        table.update({"graph-harness": harness.__version__, "torch": str(torch.__version__),
                       "backend": resolve(config.getoption("--backend"))})
 
 
