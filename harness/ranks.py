@@ -111,6 +111,8 @@ class RankFailure:
     traceback: str | None = None
     log: str = ""
     exitcode: int | None = None
+    at: float = float("inf")
+    """Wall-clock time of the failure (its result file's mtime, or when a crash was seen)."""
 
 
 @dataclass
@@ -125,6 +127,12 @@ class RanksOutcome:
     pids: list[int] = field(default_factory=list)
     startup: float = 0.0
     """Seconds from the first start until every rank was ready (not counted in ``timeout``)."""
+
+    @property
+    def root_cause(self) -> RankFailure | None:
+        """The failure that came first: the others are often its victims (a peer's collective
+        reset, a timeout after the grace)."""
+        return min(self.failures, key=lambda f: (f.at, f.rank)) if self.failures else None
 
     def report(self) -> str:
         """Human-readable account of the failures, with each failed rank's log tail."""
@@ -194,7 +202,7 @@ def run_ranks(
         _end_all(procs)
         logs = [_log_tail(workdir, r) for r in range(world_size)]
         failures = [
-            RankFailure(f.rank, f.kind, f.message, f.traceback, logs[f.rank], f.exitcode)
+            RankFailure(f.rank, f.kind, f.message, f.traceback, logs[f.rank], f.exitcode, f.at)
             for f in sorted(failures, key=lambda f: f.rank)
         ]
         return RanksOutcome(
@@ -326,10 +334,10 @@ def _supervise(
                 results[r] = record[1]
             elif record is not None:
                 _, message, tb = record
-                failures.append(RankFailure(r, "exception", message, tb, exitcode=p.exitcode))
+                failures.append(RankFailure(r, "exception", message, tb, exitcode=p.exitcode, at=_mtime(path)))
             else:
                 code = p.exitcode
-                failures.append(RankFailure(r, "crash", _exit_message(code), exitcode=code))
+                failures.append(RankFailure(r, "crash", _exit_message(code), exitcode=code, at=time.time()))
             pending.discard(r)
             if record is None or record[0] != "ok":
                 if first_failed is None:
@@ -342,7 +350,7 @@ def _supervise(
             results[r] = record[1]  # reported, but slow to exit: the result stands
             continue
         if record is not None:
-            failures.append(RankFailure(r, "exception", record[1], record[2]))
+            failures.append(RankFailure(r, "exception", record[1], record[2], at=_mtime(path)))
             continue
         if first_failed is not None and time.monotonic() < deadline:
             msg = f"ended after rank {first_failed} failed (grace {grace:g}s)"
@@ -371,6 +379,13 @@ def _end_all(procs: list[BaseProcess]) -> None:
             p.join()
         except ValueError:  # already closed
             pass
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return time.time()
 
 
 def _alive(p: BaseProcess) -> bool:

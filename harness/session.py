@@ -270,7 +270,7 @@ def _run_ranks(scenario: Scenario, backend: str, features: list[Feature]) -> tup
     layout = describe(axis_sizes(features))
     if not outcome.ok:
         record = RunRecord(scenario.graph.mode, backend, [])
-        failure = outcome.failures[0]
+        failure = outcome.root_cause or outcome.failures[0]
         record.errors.append(PathError("graph", None, f"rank {failure.rank}", failure.kind, failure.message,
                                        category=ErrorCategory.RANK))
         summary = f"rank {failure.rank} {failure.kind}: {failure.message}"

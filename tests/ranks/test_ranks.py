@@ -80,6 +80,7 @@ def test_exception_is_reported_and_peer_ended_promptly(workdirs: list[str]) -> N
     assert "ValueError" in by_rank[1].traceback and "rank 1 disagrees" in by_rank[1].message
     assert "ValueError" in by_rank[1].log  # the traceback is in the rank's log too
     assert by_rank[0].kind == "timeout" and "ended after rank 1 failed" in by_rank[0].message
+    assert out.root_cause is by_rank[1]  # the cause, not its victim
     assert elapsed < 30, elapsed  # nowhere near the 120 s timeout
     assert "rank 1" in out.report() and "ValueError" in out.report()
     _assert_clean(out, workdirs)
@@ -90,6 +91,7 @@ def test_crash_reports_exit_code(workdirs: list[str]) -> None:
     assert not out.ok
     by_rank = {f.rank: f for f in out.failures}
     assert by_rank[1].kind == "crash" and by_rank[1].exitcode == 3
+    assert out.root_cause.rank == 1
     assert "code 3" in by_rank[1].message
     assert "rank 1 about to exit" in by_rank[1].log
     assert by_rank[0].kind == "timeout"
