@@ -76,7 +76,9 @@ def test_a_hung_item_fails_on_its_limit_and_the_session_goes_on(project):
         TINY.format(name="hangs", extra="timeout_s: 0.01\nmodel: {kind: random, layers: 4}\nsteps: 12"))
     (project.path / "scenarios" / "b_fine.yaml").write_text(TINY.format(name="fine", extra="slow: true\nsteps: 3"))
     result = project.runpytest("-p", "no:cacheprovider", "-q")
-    result.assert_outcomes(passed=1, failed=1)
+    outcomes = result.parseoutcomes()
+    # the limit covers setup too: on a loaded machine it may fire there (an error, not a failure)
+    assert outcomes.get("passed") == 1 and outcomes.get("failed", 0) + outcomes.get("errors", 0) == 1, outcomes
     result.stdout.fnmatch_lines(["*Timeout*0.01*"])
     slow = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", "-m", "slow")
     assert _count(slow) == 1 and any("fine" in l for l in slow.outlines)
