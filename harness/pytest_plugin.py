@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -62,10 +61,13 @@ def pytest_configure(config: pytest.Config) -> None:
     selected_modes(config)  # a bad --mode is a usage error before collection
     # One bad scenario file is a collection error for that file only; the rest still runs.
     config.option.continue_on_collection_errors = True
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        import torch
+    import torch
 
-        torch.set_num_threads(1)  # two workers on two cores: no oversubscription
+    # One intra-op thread, with or without -n: the harness's ops are tiny, and on a loaded
+    # machine every multi-threaded op waits milliseconds for its threads (profiled: a 15 us
+    # bmm took 5 to 10 ms with 2 threads). Replay and eager share the process, so equality
+    # is unaffected.
+    torch.set_num_threads(1)
     config.stash[_results_key] = []
     config.pluginmanager.register(ResultsCollector(config), "graph-harness-results")
     _describe_environment(config)

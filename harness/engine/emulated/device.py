@@ -23,9 +23,12 @@ class StreamBudget:
     config: StreamConfig = field(default_factory=StreamConfig)
     held: dict[str, int] = field(default_factory=dict)  # graph name -> streams
 
+    def __post_init__(self) -> None:
+        self._in_use = sum(self.held.values())  # kept as a count: thousands of graphs per run
+
     @property
     def in_use(self) -> int:
-        return sum(self.held.values())
+        return self._in_use
 
     def needed_for(self, comm_groups: int) -> int:
         return self.config.per_graph + self.config.per_comm_group * comm_groups
@@ -33,10 +36,11 @@ class StreamBudget:
     def acquire(self, graph: str, needed: int) -> None:
         if self.in_use + needed > self.config.pool_size:
             raise StreamBudgetError(needed, self.in_use, self.config.pool_size, graph)
+        self._in_use += needed - self.held.get(graph, 0)
         self.held[graph] = needed
 
     def release(self, graph: str) -> None:
-        self.held.pop(graph, None)
+        self._in_use -= self.held.pop(graph, 0)
 
     def usage(self) -> dict[str, object]:
         return {
