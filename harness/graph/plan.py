@@ -152,7 +152,7 @@ class StepPlanner:
                         StepShape(meta.num_actual_tokens, uniform), uniform)
 
     def plan(self, step: Step | None) -> StepPlan | None:
-        """This rank's plan for ``step`` (None: this rank idle, with it or all ranks; see below).
+        """This rank's plan for ``step`` (``None``: this rank has no batch).
 
         Returns None when no rank has work; an idle rank whose peers have work gets an IDLE plan.
         """
