@@ -16,6 +16,7 @@ is dropped for the trials (a known-bad scenario narrows like any failing one).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,6 +242,7 @@ class _Search:
     def __init__(self, runner: Runner, like: ScenarioPoint, check: str, max_trials: int) -> None:
         self.runner, self.like, self.check, self.max_trials = runner, like, check, max_trials
         self.trials: list[Trial] = []
+        self.seen: dict[str, bool | None] = {}  # a candidate reached twice is not run twice
 
     @property
     def spent(self) -> bool:
@@ -248,13 +250,18 @@ class _Search:
 
     def fails(self, what: str, data: dict[str, Any]) -> bool | None:
         """Whether the target check still fails; None when the candidate is not runnable."""
+        seen = json.dumps(data, sort_keys=True)
+        if seen in self.seen:
+            return None
         point = _as_point(data, self.like)
         if point is None or self.spent:
+            self.seen[seen] = None
             return None
         result = self.runner(point)
         failed = list(result.failed_checks)
         trial = Trial(what, self.check in failed, failed, result.verdict, round(result.duration, 3))
         self.trials.append(trial)
+        self.seen[seen] = trial.fails
         return trial.fails
 
 
