@@ -100,13 +100,20 @@ def find_point(path: Path, item: str) -> ScenarioPoint:
         if parts | {mode} == wanted and mode in modes:
             return point
     # A file that names no mode, asked for one: the point in that mode, as --mode would run it.
-    if len(modes) == 1:
+    if len(modes) == 1 and not _names_a_mode(path):
         (mode,) = modes
         for point in load_scenario_file(path, overrides={"graph.mode": mode}):
             if point.name == name and _tokens(point.id) | {mode} == wanted:
                 return point
     ids = ", ".join(p.display_name for p in candidates[:12])
     raise NarrowError(f"{path}: no item {item!r}; the file has {ids}")
+
+
+def _names_a_mode(path: Path) -> bool:
+    """Whether the file fixes its mode (``graph.mode`` or a ``graph.mode`` matrix axis)."""
+    data = yaml.safe_load(path.read_text())  # it loaded above: this cannot fail
+    graph, matrix = data.get("graph") or {}, data.get("matrix") or {}
+    return "mode" in graph or "graph.mode" in matrix
 
 
 # -- running a trial -----------------------------------------------------------------------------
@@ -271,6 +278,7 @@ def narrow(point: ScenarioPoint, *, runner: Runner, target: str = "", check: str
     say = progress or (lambda line: None)
     data = point.scenario.model_dump(mode="json")
     data["expect"] = {}  # trials are judged by their checks, not by the scenario's expectation
+    data["graph"].pop("num_speculative_tokens", None)  # a mirror of features.mtp.k: follows it
     search = _Search(runner, point, check or "", max_trials + 1)  # +1: the original run
     first = runner(_as_point(data, point) or point)
     failed = list(first.failed_checks)
@@ -312,11 +320,16 @@ def narrow(point: ScenarioPoint, *, runner: Runner, target: str = "", check: str
             if attempt(f"with {name} {setting}", candidate):
                 current = candidate
     # Then the workload, repeated until nothing more can go (each pass shrinks by halves).
-    changed = True
+    # A reduction after which the failure went away is not tried again in a later pass.
+    changed, rejected = True, set()
     while changed and not search.spent:
         changed = False
         for what, candidate in workload_reductions(current):
+            if what in rejected:
+                continue
             fails = search.fails(what, candidate)
+            if fails is False:
+                rejected.add(what)
             if fails:
                 search.trials[-1].kept = True
                 current = candidate
