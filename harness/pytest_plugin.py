@@ -19,7 +19,8 @@ import yaml
 
 from harness.engine import BACKENDS
 from harness.graph.modes import parse_mode
-from harness.report.results import attach_record, item_record, metrics, record_of, write_results
+from harness.report.record import report_record
+from harness.report.results import attach_record, item_record, metrics, write_results
 from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, load_scenario_file, locate
 
 SCENARIO_DIR = "scenarios"
@@ -222,7 +223,9 @@ class ResultsCollector:
             add_suite_properties(self.config, self.run)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        record = record_of(report) if report.when == "call" else None
+        if report.when != "call":
+            return
+        record = report_record(report)
         if record is not None:
             self.records.append(record)
 

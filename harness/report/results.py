@@ -3,9 +3,9 @@
 An item's record is what the JSON results file holds, what ``graph-harness diff`` compares and
 what the HTML renderer reads, so a report can always be written from it, even for an item
 that crashed. It travels from an xdist worker to the controller as a custom attribute of the
-pytest report (:func:`attach_record` / :func:`record_of`, the one accessor every consumer
-uses), never inside junit's ``user_properties``: junit gets only the small per-item
-:func:`metrics` and, once per suite, where the run came from.
+pytest report (:func:`attach_record`; :func:`harness.report.record.report_record` is the one
+accessor every consumer uses), never inside junit's ``user_properties``: junit gets only the
+small per-item :func:`metrics` and, once per suite, where the run came from.
 
 A record is kept small on purpose (a nightly run has a thousand items): the steps keep what
 the report shows (requests, dispatch, padding ledger, sampled tokens, the graph path's
@@ -26,9 +26,11 @@ from typing import Any
 from harness.graph.record import RunRecord
 
 SCHEMA_VERSION = 2
-REPORT_ATTR = "graph_harness_record"
+RECORD_KEY = "graph_harness_record"
 """The pytest report attribute that carries an item's record (pytest serialises a report's
-custom attributes for pytest-xdist, so it arrives at the controller as plain data)."""
+custom attributes for pytest-xdist, so it arrives at the controller as plain data). Read it
+with :func:`harness.report.record.report_record`, the one accessor."""
+REPORT_ATTR = RECORD_KEY
 
 #: Host lists kept per step: the two the FIA invariant is about (per request, so short).
 STEP_HOST_LISTS = ("actual_seq_lengths", "actual_seq_lengths_kv")
@@ -37,15 +39,9 @@ STEP_HOST_LISTS = ("actual_seq_lengths", "actual_seq_lengths_kv")
 EVIDENCE_LIMIT = 20
 
 
-
 def attach_record(report: Any, record: dict[str, Any]) -> None:
-    setattr(report, REPORT_ATTR, record)
-
-
-def record_of(report: Any) -> dict[str, Any] | None:
-    """An item's record from its pytest report (on a worker or on the xdist controller)."""
-    record = getattr(report, REPORT_ATTR, None)
-    return record if isinstance(record, dict) else None
+    """Put an item's record on its pytest report (read back with ``report_record``)."""
+    setattr(report, RECORD_KEY, record)
 
 
 def iso_time(seconds: float) -> str:
