@@ -109,9 +109,12 @@ def relative_source(source: str, root: Path | None) -> str:
     return f"{path}:{line}" if line else path
 
 
-def item_record(result: Any, *, nodeid: str = "", started: float | None = None,
-                root: Path | None = None) -> dict[str, Any]:
-    """The JSON record of a :class:`harness.session.ItemResult` (plain data, JSON-safe)."""
+def item_record(result: Any, environment: dict[str, Any] | None = None, *, nodeid: str = "",
+                started: float | None = None, root: Path | None = None) -> dict[str, Any]:
+    """The JSON record of a :class:`harness.session.ItemResult` (plain data, JSON-safe).
+
+    The run's environment lives once in the results file's ``run``; ``environment`` is for a
+    record that stands alone (a test, a single rendered item)."""
     run = run_evidence(result.record)
     record = {
         "key": "",
@@ -132,6 +135,8 @@ def item_record(result: Any, *, nodeid: str = "", started: float | None = None,
         "run": run,
         "traceback": result.traceback,
     }
+    if environment is not None:
+        record["environment"] = environment
     record["key"] = item_key(record)
     record["metrics"] = item_metrics(record)
     # Through JSON once: tuples become lists and odd values strings, so every consumer (execnet,
