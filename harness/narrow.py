@@ -351,7 +351,7 @@ def _rank_weight(name: str, data: dict[str, Any]) -> int:
 
     for feature in scenario_features(Scenario.model_validate(data)):
         if feature.name == name:
-            return feature.ranks()
+            return feature.world_size()
     return 1
 
 
