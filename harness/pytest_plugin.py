@@ -8,8 +8,8 @@ junitxml properties and the pytest-html extras.
 
 from __future__ import annotations
 
-import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +20,11 @@ from harness import pytest_matrix
 from harness.engine import BACKENDS
 from harness.graph.modes import parse_mode
 from harness.report.record import report_record
-from harness.report.results import RECORD_KEY, item_record, metrics, write_results
+from harness.report.results import attach_record, item_record, metrics, write_results
 from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, load_scenario_file, locate
 
 SCENARIO_DIR = "scenarios"
 _results_key = pytest.StashKey[list]()
-_environment_key = pytest.StashKey[dict]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -178,15 +177,13 @@ class ScenarioItem(pytest.Item):
         self.record: dict[str, Any] | None = None
 
     def runtest(self) -> None:
-        from harness.session import FAILED, SKIPPED, XFAILED, environment, run_point
+        from harness.session import FAILED, SKIPPED, XFAILED, run_point
 
         backend = self.config.getoption("--backend")
+        started = time.time()
         result = run_point(self.point, backend=backend, fia_contract=self.config.getoption("--fia-contract"))
-        env = self.config.stash.get(_environment_key, None) or environment(backend)
-        self.config.stash[_environment_key] = env
-        self.record = item_record(result, env)
-        self.user_properties.extend(metrics(self.record))
-        self.user_properties.append((RECORD_KEY, json.dumps(self.record, default=str)))
+        self.record = item_record(result, nodeid=self.nodeid, started=started, root=self.config.rootpath)
+        self.user_properties.extend(metrics(self.record))  # junit: the small metrics only
         if result.outcome == XFAILED:
             pytest.xfail(result.verdict)
         if result.outcome == SKIPPED:
@@ -218,6 +215,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     report = outcome.get_result()
     if call.when != "call" or not isinstance(item, ScenarioItem) or item.record is None:
         return
+    attach_record(report, item.record)  # travels to the xdist controller with the report
     if item.config.pluginmanager.hasplugin("html"):
         from harness.report.html_hooks import attach_fragment
 
@@ -230,6 +228,14 @@ class ResultsCollector:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.records: list[dict[str, Any]] = config.stash[_results_key]
+        self.run: dict[str, Any] = {}
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if not hasattr(self.config, "workerinput"):
+            from harness.report.suite import add_suite_properties, run_info
+
+            self.run = run_info(self.config)
+            add_suite_properties(self.config, self.run)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
@@ -245,11 +251,9 @@ class ResultsCollector:
         if path is None and not self.records:
             return
         path = Path(path) if path else self.config.rootpath / "reports" / "graph-harness-results.json"
-        summary: dict[str, int] = {}
-        for record in self.records:
-            summary[record["outcome"]] = summary.get(record["outcome"], 0) + 1
-        env = self.records[0]["environment"] if self.records else {}
-        write_results(path, self.records, env, summary)
+        from harness.report.suite import finish_run
+
+        write_results(path, self.records, finish_run(self.run))
 
 
 def _report_paths(config: pytest.Config) -> list[tuple[str, str | None]]:

@@ -1,31 +1,66 @@
-"""One JSON-ready record per item: verdicts, metrics, the run's evidence, versions.
+"""The results file (schema 2): one JSON record per item, and the run they belong to.
 
-The record is what crosses process boundaries (pytest-xdist workers send it in the report's
-``user_properties``), what the JSON results file holds, and what the HTML renderer reads, so a
-report can always be written from it, even for an item that crashed.
+An item's record is what the JSON results file holds, what ``graph-harness diff`` compares and
+what the HTML renderer reads, so a report can always be written from it, even for an item
+that crashed. It travels from an xdist worker to the controller as a custom attribute of the
+pytest report (:func:`attach_record`; :func:`harness.report.record.report_record` is the one
+accessor every consumer uses), never inside junit's ``user_properties``: junit gets only the
+small per-item :func:`metrics` and, once per suite, where the run came from.
+
+A record is kept small on purpose (a nightly run has a thousand items): the steps keep what
+the report shows (requests, dispatch, padding ledger, sampled tokens, the graph path's
+actual sequence lengths); block tables, slot mappings and the per-layer host lists the graph
+executed are dropped, since the checks have already read them and put what a failure needs
+into their own details.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from harness.graph.record import RunRecord
 
+SCHEMA_VERSION = 2
 RECORD_KEY = "graph_harness_record"
-SCHEMA_VERSION = 1
+"""The pytest report attribute that carries an item's record (pytest serialises a report's
+custom attributes for pytest-xdist, so it arrives at the controller as plain data). Read it
+with :func:`harness.report.record.report_record`, the one accessor."""
+REPORT_ATTR = RECORD_KEY
+
+#: Host lists kept per step: the two the FIA invariant is about (per request, so short).
+STEP_HOST_LISTS = ("actual_seq_lengths", "actual_seq_lengths_kv")
+#: At most this many entries of a check's evidence list (violations, stale lists, mismatches)
+#: are kept; the summary already says how many there were in all.
+EVIDENCE_LIMIT = 20
+
+
+def attach_record(report: Any, record: dict[str, Any]) -> None:
+    """Put an item's record on its pytest report (read back with ``report_record``)."""
+    setattr(report, RECORD_KEY, record)
+
+
+def iso_time(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _step(step: Any) -> dict[str, Any]:
+    entry = asdict(step)
+    entry.pop("logits")  # tensors stay in memory; the checks already summarised them
+    entry.pop("reference_metadata", None)
+    entry.pop("executed", None)
+    metadata = entry.pop("metadata", None) or {}
+    entry["host_lists"] = {name: metadata[name] for name in STEP_HOST_LISTS if name in metadata}
+    return entry
 
 
 def run_evidence(record: RunRecord | None) -> dict[str, Any]:
     if record is None:
         return {}
-    steps = []
-    for step in record.steps:
-        entry = asdict(step)
-        entry.pop("logits")  # tensors stay in memory; the checks already summarised them
-        steps.append(entry)
     return {
         "mode": record.mode,
         "capture_sizes": record.capture_sizes,
@@ -35,56 +70,144 @@ def run_evidence(record: RunRecord | None) -> dict[str, Any]:
         "memory": record.memory,
         "budget": record.budget,
         "errors": [asdict(e) for e in record.errors],
-        "steps": steps,
+        "steps": [_step(step) for step in record.steps],
         "texts": record.texts,
         "fia_calls": len(record.fia_calls),
+        "speculation": record.speculation,
         "notes": record.notes,
     }
 
 
-def item_record(result: Any, environment: dict[str, str]) -> dict[str, Any]:
-    """The JSON record of a :class:`harness.session.ItemResult`."""
-    return {
-        "schema": SCHEMA_VERSION,
+def _trim(details: dict[str, Any]) -> dict[str, Any]:
+    """A check's details with each long evidence list cut to its first entries."""
+    trimmed: dict[str, Any] = {}
+    for key, value in details.items():
+        if isinstance(value, list) and len(value) > EVIDENCE_LIMIT and value and isinstance(value[0], dict):
+            trimmed[key] = value[:EVIDENCE_LIMIT]
+            trimmed[f"{key}_total"] = len(value)
+        else:
+            trimmed[key] = value
+    return trimmed
+
+
+def _check(check: Any) -> dict[str, Any]:
+    data = check.to_dict()
+    data["details"] = _trim(data.get("details") or {})
+    return data
+
+
+def relative_source(source: str, root: Path | None) -> str:
+    """``path:line`` with the path relative to the run's root when it lies below it."""
+    path, sep, line = source.rpartition(":")
+    if not sep or not line.isdigit():
+        path, line = source, ""
+    if root is not None:
+        try:
+            path = Path(path).resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            pass
+    return f"{path}:{line}" if line else path
+
+
+def item_record(result: Any, environment: dict[str, Any] | None = None, *, nodeid: str = "",
+                started: float | None = None, root: Path | None = None) -> dict[str, Any]:
+    """The JSON record of a :class:`harness.session.ItemResult` (plain data, JSON-safe).
+
+    The run's environment lives once in the results file's ``run``; ``environment`` is for a
+    record that stands alone (a test, a single rendered item)."""
+    run = run_evidence(result.record)
+    record = {
+        "key": "",
+        "nodeid": nodeid,
         "name": result.name,
         "id": result.id,
-        "source": result.source,
+        "source": relative_source(result.source, root),
         "backend": result.backend,
+        "mode": run.get("mode") or (result.scenario.get("graph") or {}).get("mode"),
+        "started": iso_time(started) if started is not None else None,
+        "duration": round(result.duration, 4),
         "outcome": result.outcome,
         "verdict": result.verdict,
-        "duration": round(result.duration, 4),
-        "checks": {name: check.to_dict() for name, check in result.checks.items()},
         "failed_checks": result.failed_checks,
+        "metrics": {},
+        "checks": {name: _check(check) for name, check in result.checks.items()},
         "scenario": result.scenario,
-        "run": run_evidence(result.record),
+        "run": run,
         "traceback": result.traceback,
-        "environment": environment,
+    }
+    if environment is not None:
+        record["environment"] = environment
+    record["key"] = item_key(record)
+    record["metrics"] = item_metrics(record)
+    # Through JSON once: tuples become lists and odd values strings, so every consumer (execnet,
+    # the JSON file, the HTML renderer) sees the same plain data.
+    return json.loads(json.dumps(record, default=str))
+
+
+def item_key(record: dict[str, Any]) -> str:
+    """The id an item keeps across runs, with or without ``--mode``: the node id with the
+    graph mode always among its bracketed parts (``--mode`` adds it to items of a file that
+    names no mode; a run without ``--mode`` runs them in their own mode and does not)."""
+    if record.get("key"):
+        return record["key"]
+    nodeid = record.get("nodeid") or _v1_nodeid(record)
+    mode = record.get("mode") or (record.get("run") or {}).get("mode")
+    if not mode:
+        return nodeid
+    head, bracket, rest = nodeid.partition("[")
+    parts = rest[:-1] if rest.endswith("]") else rest
+    if bracket and mode in re.split(r"[^A-Za-z0-9_]+", parts):
+        return nodeid
+    return f"{head}[{parts}-{mode}]" if bracket and parts else f"{head}[{mode}]"
+
+
+def _v1_nodeid(record: dict[str, Any]) -> str:
+    """Schema 1 records had no node id: rebuild it from the source file, name and id."""
+    path = str(record.get("source") or "").rpartition(":")[0] or str(record.get("source") or "")
+    name = record.get("name") or ""
+    return f"{path}::{name}[{record['id']}]" if record.get("id") else f"{path}::{name}"
+
+
+def item_metrics(record: dict[str, Any]) -> dict[str, Any]:
+    """The numbers a nightly run tracks per item (and ``graph-harness diff`` compares)."""
+    run = record.get("run") or {}
+    usage = run.get("stream_usage") or {}
+    steps = run.get("steps") or []
+    padded = sum(s.get("num_tokens_padded") or 0 for s in steps)
+    real = sum(s.get("num_tokens") or 0 for s in steps)
+    return {
+        "steps": len(steps),
+        "graphs_captured": run.get("graphs_captured"),
+        "streams_in_use": usage.get("in_use"),
+        "stream_pool": usage.get("pool_size"),
+        "padding_ratio": round((padded - real) / padded, 4) if padded else 0.0,
+        "capture_seconds": run.get("capture_seconds"),
+        "fia_calls": run.get("fia_calls"),
     }
 
 
 def metrics(record: dict[str, Any]) -> list[tuple[str, Any]]:
-    """Flat per-item metrics for junitxml's ``<properties>`` (one line each)."""
-    run = record.get("run") or {}
-    usage = run.get("stream_usage") or {}
+    """Flat per-item metrics for junitxml's ``<properties>`` (one short line each)."""
+    numbers = record.get("metrics") or item_metrics(record)
     return [
         ("outcome", record["outcome"]),
-        ("verdict", record["verdict"]),
         ("failed_checks", ",".join(record["failed_checks"])),
         ("backend", record["backend"]),
-        ("mode", run.get("mode")),
-        ("steps", len(run.get("steps") or [])),
-        ("graphs_captured", run.get("graphs_captured")),
-        ("streams_in_use", usage.get("in_use")),
-        ("stream_pool", usage.get("pool_size")),
-        ("capture_seconds", run.get("capture_seconds")),
+        ("mode", record.get("mode")),
+        *((name, numbers.get(name)) for name in ("steps", "graphs_captured", "streams_in_use", "stream_pool",
+                                                  "padding_ratio", "capture_seconds")),
         ("duration", record["duration"]),
     ]
 
 
-def write_results(path: Path, records: list[dict[str, Any]], environment: dict[str, str],
-                  summary: dict[str, int]) -> None:
+def write_results(path: Path, records: list[dict[str, Any]], run: dict[str, Any]) -> None:
+    """Write the results file atomically (a crash mid-write never leaves half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"schema": SCHEMA_VERSION, "environment": environment, "summary": summary, "items": records}
+    summary: dict[str, int] = {}
+    for record in records:
+        summary[record["outcome"]] = summary.get(record["outcome"], 0) + 1
+    payload = {"schema": SCHEMA_VERSION, "run": run, "environment": run.get("environment", {}),
+               "summary": summary, "items": sorted(records, key=lambda r: r.get("key") or "")}
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(payload, indent=1, default=str))
     tmp.replace(path)

@@ -1,0 +1,122 @@
+"""``graph-harness``: the command-line tools, one subcommand each.
+
+    graph-harness schema                      the JSON Schema of a scenario file
+    graph-harness check FILE...               validate scenario files, list their items
+    graph-harness diff BASELINE CURRENT       what changed between two results files
+    graph-harness narrow FILE.yaml::ITEM      the smallest scenario that still fails
+
+The scenario suite itself runs under pytest (``pytest scenarios/``); these tools read and
+write the same files. Subcommands import what they need when they run, so ``--help`` and
+``diff`` stay fast (no torch import).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from harness.scenario.__main__ import main
+
+    return main(["schema"])
+
+
+def _check(args: argparse.Namespace) -> int:
+    from harness.scenario.__main__ import main
+
+    return main(["check", *args.files])
+
+
+def _diff(args: argparse.Namespace) -> int:
+    from harness.report.diff import RENDERERS, ResultsFileError, diff_files, parse_threshold
+
+    try:
+        thresholds = dict(parse_threshold(text) for text in args.threshold)
+        diff = diff_files(args.baseline, args.current, thresholds=thresholds)
+    except (ResultsFileError, ValueError) as error:
+        print(f"graph-harness diff: {error}", file=sys.stderr)
+        return 2
+    text = RENDERERS[args.format](diff)
+    if args.output:
+        try:
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(text)
+        except OSError as error:
+            print(f"graph-harness diff: cannot write {args.output}: {error.strerror or error}", file=sys.stderr)
+            return 2
+    else:
+        sys.stdout.write(text)
+    return diff.exit_status
+
+
+def _narrow(args: argparse.Namespace) -> int:
+    from harness.narrow import NarrowError, default_runner, find_point, narrow, render_report, split_target, write_minimal
+
+    try:
+        path, item = split_target(args.target)
+        point = find_point(path, item)
+        say = None if args.quiet else (lambda line: print(f"  {line}", flush=True))
+        if say:
+            print(f"narrowing {args.target} ({point.scenario.graph.mode}, backend {args.backend})", flush=True)
+        result = narrow(point, runner=default_runner(args.backend, args.fia_contract), target=args.target,
+                        check=args.check, max_trials=args.max_trials, progress=say)
+        write_minimal(result, Path(args.output_dir))
+    except NarrowError as error:
+        print(f"graph-harness narrow: {error}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_report(result))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="graph-harness", description="Graph-mode scenario harness: tools around the pytest suite.",
+        epilog="Run the scenarios themselves with: pytest scenarios/ [--mode=FULL] [--results-json=PATH]")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    schema = commands.add_parser("schema", help="print the JSON Schema of a scenario file")
+    schema.set_defaults(run=_schema)
+
+    check = commands.add_parser("check", help="validate scenario files and list their items (exit 1 on errors)")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.set_defaults(run=_check)
+
+    diff = commands.add_parser(
+        "diff", help="compare two results files: new failures, fixed, changed checks, added, removed, metrics",
+        description="Compare two JSON results files (--results-json). Exit 1 when the current run has new "
+                    "failures, 2 when a file cannot be read, else 0.")
+    diff.add_argument("baseline", metavar="BASELINE.json")
+    diff.add_argument("current", metavar="CURRENT.json")
+    diff.add_argument("--format", choices=("text", "markdown", "json"), default="text",
+                      help="text (default), markdown (a CI step summary) or json")
+    diff.add_argument("--output", "-o", metavar="PATH", help="write here instead of standard output")
+    diff.add_argument("--threshold", action="append", default=[], metavar="METRIC=REL[:FLOOR]",
+                      help="report a metric move only beyond REL (relative) and FLOOR (absolute); "
+                           "metrics: graphs_captured, streams_in_use, padding_ratio, capture_seconds")
+    diff.set_defaults(run=_diff)
+
+    narrow = commands.add_parser(
+        "narrow", help="delta-debug a failing item down to the smallest scenario that fails the same check",
+        description="Narrow FILE.yaml::ITEM (a pytest node id or a results-file key) by dropping features, "
+                    "lowering their sizes and shrinking the workload and capture sizes, keeping every change "
+                    "after which the same check still fails. Writes the minimal scenario as YAML.")
+    narrow.add_argument("target", metavar="FILE.yaml::ITEM")
+    narrow.add_argument("--backend", default="auto", choices=("emulated", "npu", "cuda", "auto"))
+    narrow.add_argument("--fia-contract", default=None, choices=("strict", "relaxed"))
+    narrow.add_argument("--check", default=None, help="the check that must keep failing (default: the first failing)")
+    narrow.add_argument("--max-trials", type=int, default=40, metavar="N", help="trial budget (default 40)")
+    narrow.add_argument("--output-dir", default="reports", metavar="DIR", help="where the minimal YAML goes")
+    narrow.add_argument("--quiet", "-q", action="store_true", help="print only the final report")
+    narrow.set_defaults(run=_narrow)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,289 @@
+"""Compare two results files: what a nightly run broke, fixed or moved since the last one.
+
+``graph-harness diff BASELINE.json CURRENT.json`` reads two results files (schema 1 or 2),
+reduces every item to what a triager compares (outcome, failed checks, a few metrics), lets
+deepdiff find every difference between the two reductions, and sorts each difference by its
+path into: new failures, fixed items, changed failed checks, items added and removed, and
+metrics that moved beyond a threshold. Only new failures make the exit status non-zero, so a
+CI job can gate on them while metric moves stay informational.
+
+Pure: reads JSON, imports neither pytest nor torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deepdiff import DeepDiff
+
+from harness.report.results import item_key, item_metrics
+
+#: Outcomes that count as broken. ``xfailed`` is a known-bad scenario failing as designed.
+FAILING = frozenset({"failed", "error"})
+
+#: Metrics compared by default: (relative threshold, absolute floor). A metric "moved" when
+#: it changed by more than both. Counts are exact (any change is news); capture time is noisy
+#: on shared machines, so it must move by half and by 50 ms before it is reported.
+THRESHOLDS: dict[str, tuple[float, float]] = {
+    "graphs_captured": (0.0, 0.0),
+    "streams_in_use": (0.0, 0.0),
+    "padding_ratio": (0.10, 0.01),
+    "capture_seconds": (0.50, 0.05),
+}
+
+
+class ResultsFileError(ValueError):
+    """A results file that cannot be read or is not a graph-harness results file."""
+
+
+@dataclass
+class ItemChange:
+    key: str
+    before: str | None  # outcome in the baseline (None: not there)
+    after: str | None  # outcome now
+    checks_before: list[str] = field(default_factory=list)
+    checks_after: list[str] = field(default_factory=list)
+    verdict: str = ""  # the current verdict (the baseline's for a removed item)
+
+
+@dataclass
+class MetricMove:
+    key: str
+    metric: str
+    before: float
+    after: float
+
+    @property
+    def change(self) -> float | None:
+        """Relative change, None when the baseline was zero."""
+        return (self.after - self.before) / abs(self.before) if self.before else None
+
+
+@dataclass
+class RunDiff:
+    baseline: dict[str, Any]  # path, commit, items: where each side came from
+    current: dict[str, Any]
+    new_failures: list[ItemChange] = field(default_factory=list)
+    fixed: list[ItemChange] = field(default_factory=list)
+    changed_checks: list[ItemChange] = field(default_factory=list)
+    added: list[ItemChange] = field(default_factory=list)
+    removed: list[ItemChange] = field(default_factory=list)
+    metrics: list[MetricMove] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if self.new_failures else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for move, entry in zip(self.metrics, data["metrics"]):
+            entry["change"] = move.change
+        data["exit_status"] = self.exit_status
+        return data
+
+
+# -- reading -------------------------------------------------------------------------------------
+def load_results(path: str | Path) -> dict[str, Any]:
+    """A results file as a dict, or a :class:`ResultsFileError` that names the file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise ResultsFileError(f"{path}: cannot read: {error.strerror or error}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ResultsFileError(f"{path}: not JSON: {error}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        raise ResultsFileError(f"{path}: not a graph-harness results file (no 'items' list)")
+    if data.get("schema") not in (1, 2):
+        raise ResultsFileError(f"{path}: results schema {data.get('schema')!r} is not one this version reads (1, 2)")
+    return data
+
+
+def reduce_items(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """key -> what a diff compares, for every item of a results file."""
+    reduced: dict[str, dict[str, Any]] = {}
+    for record in data["items"]:
+        if not isinstance(record, dict):
+            continue
+        metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else item_metrics(record)
+        reduced[item_key(record)] = {
+            "outcome": record.get("outcome"),
+            "failed_checks": sorted(record.get("failed_checks") or []),
+            "verdict": record.get("verdict") or "",
+            "metrics": {name: metrics.get(name) for name in THRESHOLDS if isinstance(metrics.get(name), (int, float))},
+        }
+    return reduced
+
+
+def _origin(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:
+    run = data.get("run") if isinstance(data.get("run"), dict) else {}
+    return {"path": str(path), "commit": run.get("commit"), "started": run.get("started"), "items": len(data["items"])}
+
+
+# -- comparing -----------------------------------------------------------------------------------
+def diff_results(baseline: dict[str, Any], current: dict[str, Any], *,
+                 thresholds: dict[str, tuple[float, float]] | None = None,
+                 baseline_path: str | Path = "baseline", current_path: str | Path = "current") -> RunDiff:
+    limits = {**THRESHOLDS, **(thresholds or {})}
+    before, after = reduce_items(baseline), reduce_items(current)
+    result = RunDiff(_origin(baseline_path, baseline), _origin(current_path, current))
+    # The verdict text is explanation, not state: it is reported, never compared.
+    comparable = {"exclude_regex_paths": [r"root\[.+?\]\['verdict'\]"]}
+    tree = DeepDiff(before, after, view="tree", **comparable)
+    outcome_changed: set[str] = set()
+    checks_changed: set[str] = set()
+    for kind, changes in tree.items():
+        for change in changes:
+            path = change.path(output_format="list")
+            key = path[0]
+            if len(path) == 1:  # a whole item appeared or disappeared
+                (result.added if kind == "dictionary_item_added" else result.removed).append(_change(key, before, after))
+            elif path[1] == "outcome":
+                outcome_changed.add(key)
+            elif path[1] == "failed_checks":
+                checks_changed.add(key)
+            elif path[1] == "metrics" and len(path) == 3:
+                move = _metric_move(key, path[2], before, after, limits)
+                if move:
+                    result.metrics.append(move)
+    for key in sorted(outcome_changed | checks_changed):
+        change = _change(key, before, after)
+        was_failing, is_failing = change.before in FAILING, change.after in FAILING
+        if is_failing and not was_failing:
+            result.new_failures.append(change)
+        elif was_failing and not is_failing:
+            result.fixed.append(change)
+        elif key in checks_changed:
+            result.changed_checks.append(change)
+    # An item that is new tonight and failing is a new failure too: a gate must not let it in.
+    result.new_failures.extend(c for c in result.added if c.after in FAILING)
+    for bucket in (result.new_failures, result.added, result.removed):
+        bucket.sort(key=lambda c: c.key)
+    result.metrics.sort(key=lambda m: (m.key, m.metric))
+    return result
+
+
+def _change(key: str, before: dict[str, Any], after: dict[str, Any]) -> ItemChange:
+    old, new = before.get(key) or {}, after.get(key) or {}
+    return ItemChange(key, old.get("outcome"), new.get("outcome"), old.get("failed_checks", []),
+                      new.get("failed_checks", []), (new or old).get("verdict", ""))
+
+
+def _metric_move(key: str, metric: str, before: dict[str, Any], after: dict[str, Any],
+                 limits: dict[str, tuple[float, float]]) -> MetricMove | None:
+    old = before[key]["metrics"].get(metric)
+    new = after[key]["metrics"].get(metric)
+    if old is None or new is None or metric not in limits:
+        return None  # a metric only one side has is not a move
+    relative, floor = limits[metric]
+    delta = abs(new - old)
+    if delta > floor and delta > relative * abs(old):
+        return MetricMove(key, metric, old, new)
+    return None
+
+
+def parse_threshold(text: str) -> tuple[str, tuple[float, float]]:
+    """``METRIC=REL`` or ``METRIC=REL:FLOOR`` (e.g. ``capture_seconds=0.3:0.02``)."""
+    name, sep, value = text.partition("=")
+    if not sep or name not in THRESHOLDS:
+        raise ValueError(f"threshold {text!r}: expected METRIC=REL[:FLOOR] with METRIC one of {', '.join(THRESHOLDS)}")
+    rel, _, floor = value.partition(":")
+    try:
+        return name, (float(rel), float(floor) if floor else THRESHOLDS[name][1])
+    except ValueError:
+        raise ValueError(f"threshold {text!r}: REL and FLOOR must be numbers") from None
+
+
+# -- rendering -----------------------------------------------------------------------------------
+def _checks(names: list[str]) -> str:
+    return ", ".join(names) if names else "(no check failed)"
+
+
+def _outcomes(change: ItemChange) -> str:
+    return f"{change.before or 'absent'} -> {change.after or 'absent'}"
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _move(move: MetricMove) -> str:
+    pct = f" ({move.change:+.0%})" if move.change is not None else ""
+    return f"{_number(move.before)} -> {_number(move.after)}{pct}"
+
+
+def _header(diff: RunDiff) -> str:
+    def side(origin: dict[str, Any]) -> str:
+        commit = f", commit {str(origin['commit'])[:12]}" if origin.get("commit") else ""
+        return f"{origin['path']} ({origin['items']} items{commit})"
+
+    return f"{side(diff.baseline)} -> {side(diff.current)}"
+
+
+def _counts(diff: RunDiff) -> str:
+    return (f"{len(diff.new_failures)} new failure(s), {len(diff.fixed)} fixed, "
+            f"{len(diff.changed_checks)} with changed failed checks, {len(diff.added)} added, "
+            f"{len(diff.removed)} removed, {len(diff.metrics)} metric move(s)")
+
+
+def render_text(diff: RunDiff) -> str:
+    lines = [f"graph-harness diff: {_header(diff)}", _counts(diff)]
+    sections = [
+        ("NEW FAILURES", diff.new_failures, lambda c: f"{c.key}: {_checks(c.checks_after)} ({_outcomes(c)}): {c.verdict}"),
+        ("FIXED", diff.fixed, lambda c: f"{c.key}: was {_checks(c.checks_before)} ({_outcomes(c)})"),
+        ("CHANGED FAILED CHECKS", diff.changed_checks,
+         lambda c: f"{c.key}: {_checks(c.checks_before)} -> {_checks(c.checks_after)} ({_outcomes(c)})"),
+        ("ADDED", diff.added, lambda c: f"{c.key}: {c.after}"),
+        ("REMOVED", diff.removed, lambda c: f"{c.key}: was {c.before}"),
+        ("METRICS MOVED", diff.metrics, lambda m: f"{m.key}: {m.metric} {_move(m)}"),
+    ]
+    for title, entries, line in sections:
+        if entries:
+            lines.append("")
+            lines.append(f"{title} ({len(entries)})")
+            lines.extend(f"  {line(entry)}" for entry in entries)
+    return "\n".join(lines) + "\n"
+
+
+def _md(text: Any) -> str:
+    """A table cell: pipes escaped, newlines flattened, code spans for ids."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(diff: RunDiff) -> str:
+    status = "**new failures**" if diff.new_failures else "no new failures"
+    lines = ["## graph-harness diff", "", f"{_md(_header(diff))}", "", f"{status}: {_counts(diff)}"]
+
+    def table(title: str, head: list[str], rows: list[list[str]]) -> None:
+        if not rows:
+            return
+        lines.extend(["", f"### {title} ({len(rows)})", "", "| " + " | ".join(head) + " |",
+                      "|" + "---|" * len(head)])
+        lines.extend("| " + " | ".join(_md(cell) for cell in row) + " |" for row in rows)
+
+    table("New failures", ["item", "failed checks", "outcome", "verdict"],
+          [[f"`{c.key}`", _checks(c.checks_after), _outcomes(c), c.verdict] for c in diff.new_failures])
+    table("Fixed", ["item", "failed checks before", "outcome"],
+          [[f"`{c.key}`", _checks(c.checks_before), _outcomes(c)] for c in diff.fixed])
+    table("Changed failed checks", ["item", "before", "after", "outcome"],
+          [[f"`{c.key}`", _checks(c.checks_before), _checks(c.checks_after), _outcomes(c)] for c in diff.changed_checks])
+    table("Added", ["item", "outcome"], [[f"`{c.key}`", str(c.after)] for c in diff.added])
+    table("Removed", ["item", "outcome before"], [[f"`{c.key}`", str(c.before)] for c in diff.removed])
+    table("Metrics moved", ["item", "metric", "change"], [[f"`{m.key}`", m.metric, _move(m)] for m in diff.metrics])
+    return "\n".join(lines) + "\n"
+
+
+def render_json(diff: RunDiff) -> str:
+    return json.dumps(diff.to_dict(), indent=1) + "\n"
+
+
+RENDERERS = {"text": render_text, "markdown": render_markdown, "json": render_json}
+
+
+def diff_files(baseline: str | Path, current: str | Path, *,
+               thresholds: dict[str, tuple[float, float]] | None = None) -> RunDiff:
+    return diff_results(load_results(baseline), load_results(current), thresholds=thresholds,
+                        baseline_path=baseline, current_path=current)

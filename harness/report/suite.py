@@ -1,0 +1,73 @@
+"""The run's own record (command line, times, commit, environment) and junit's suite properties.
+
+Kept out of the pytest plugin so that the plugin stays a list of hook calls: the controller
+(or a run without xdist) starts the run record at session start, adds the suite-level junit
+properties then (junit writes its file at session end), and finishes the record when it
+writes the results file.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.report.results import SCHEMA_VERSION, iso_time
+from harness.report.run_info import environment, git_commit, suite_properties
+
+
+def run_info(config: Any) -> dict[str, Any]:
+    """The run record at its start, for a pytest ``config``."""
+    root = Path(config.rootpath)
+    started = time.time()
+    return {
+        "schema": SCHEMA_VERSION,
+        "command": [Path(sys.argv[0]).name, *map(str, config.invocation_params.args)],
+        "cwd": _relative(Path(config.invocation_params.dir), root),
+        "root": root.name,
+        "started": iso_time(started),
+        "_started": started,
+        **git_commit(root),
+        "environment": _environment(config.getoption("--backend")),
+    }
+
+
+def _environment(backend: str) -> dict[str, Any]:
+    try:
+        return environment(backend)
+    except Exception as error:  # noqa: BLE001 - a bad backend fails the items, not the run record
+        return {"backend": backend, "error": f"{type(error).__name__}: {error}"}
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix() or "."
+    except ValueError:
+        return str(path)
+
+
+def finish_run(run: dict[str, Any]) -> dict[str, Any]:
+    finished = time.time()
+    done = {key: value for key, value in run.items() if not key.startswith("_")}
+    done["finished"] = iso_time(finished)
+    if "_started" in run:
+        done["duration"] = round(finished - run["_started"], 3)
+    return done
+
+
+def add_suite_properties(config: Any, run: dict[str, Any]) -> None:
+    """Commit, device, backend and versions as junit ``<testsuite>`` properties, when junit is on.
+
+    pytest's ``record_testsuite_property`` fixture does exactly this for Python tests; YAML
+    items have no fixtures, so the same LogXML object is reached through the stash key the
+    fixture itself uses."""
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # a pytest without it: the per-item properties still carry the backend
+        return
+    xml = config.stash.get(xml_key, None)
+    if xml is None:
+        return
+    for name, value in suite_properties(run):
+        xml.add_global_property(name, value)

@@ -1,0 +1,118 @@
+"""graph-harness diff on hand-made results files: each kind of change lands in its own bucket."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.cli import main
+from harness.report.diff import diff_results, load_results, parse_threshold, render_markdown, render_text, ResultsFileError
+
+
+def _item(key: str, outcome: str = "passed", checks: tuple[str, ...] = (), **metrics) -> dict:
+    numbers = {"graphs_captured": 5, "streams_in_use": 5, "padding_ratio": 0.25, "capture_seconds": 0.1}
+    numbers.update(metrics)
+    return {"key": key, "nodeid": key, "outcome": outcome, "failed_checks": list(checks),
+            "verdict": f"{outcome} verdict", "metrics": numbers}
+
+
+def _results(*items: dict) -> dict:
+    return {"schema": 2, "run": {"commit": "abc123"}, "items": list(items)}
+
+
+BASE = _results(
+    _item("a.yaml::a[FULL]"),
+    _item("b.yaml::b[FULL]", "xfailed", ("stale_params",)),
+    _item("c.yaml::c[FULL]", "failed", ("equality",)),
+    _item("d.yaml::d[FULL]", "failed", ("equality",)),
+    _item("gone.yaml::g[FULL]"),
+    _item("m.yaml::m[FULL]"),
+)
+CURRENT = _results(
+    _item("a.yaml::a[FULL]"),
+    _item("b.yaml::b[FULL]", "failed", ("stale_params",)),  # its expect removed: a new failure
+    _item("c.yaml::c[FULL]"),  # fixed
+    _item("d.yaml::d[FULL]", "failed", ("fia_invariant",)),  # fails differently
+    _item("new.yaml::n[FULL]"),  # added
+    _item("m.yaml::m[FULL]", graphs_captured=7, capture_seconds=0.104, padding_ratio=0.5),
+)
+
+
+def test_each_change_is_sorted_into_its_bucket():
+    diff = diff_results(BASE, CURRENT)
+    assert [(c.key, c.checks_after) for c in diff.new_failures] == [("b.yaml::b[FULL]", ["stale_params"])]
+    assert [c.key for c in diff.fixed] == ["c.yaml::c[FULL]"]
+    assert [(c.key, c.checks_before, c.checks_after) for c in diff.changed_checks] == [
+        ("d.yaml::d[FULL]", ["equality"], ["fia_invariant"])]
+    assert [c.key for c in diff.added] == ["new.yaml::n[FULL]"]
+    assert [c.key for c in diff.removed] == ["gone.yaml::g[FULL]"]
+    # capture time moved by 4 %: noise under the default threshold; the two others are news
+    assert [(m.metric, m.before, m.after) for m in diff.metrics] == [("graphs_captured", 5, 7), ("padding_ratio", 0.25, 0.5)]
+    assert diff.exit_status == 1
+
+
+def test_no_change_is_an_empty_diff_with_status_zero():
+    diff = diff_results(BASE, BASE)
+    assert not (diff.new_failures or diff.fixed or diff.changed_checks or diff.added or diff.removed or diff.metrics)
+    assert diff.exit_status == 0
+    assert "0 new failure(s)" in render_text(diff)
+
+
+def test_a_new_item_that_fails_is_a_new_failure():
+    diff = diff_results(_results(), _results(_item("x.yaml::x[FULL]", "failed", ("equality",))))
+    assert [c.key for c in diff.new_failures] == [c.key for c in diff.added] == ["x.yaml::x[FULL]"]
+
+
+def test_thresholds_are_configurable():
+    name, limits = parse_threshold("capture_seconds=0.01:0")
+    diff = diff_results(BASE, CURRENT, thresholds={name: limits})
+    assert "capture_seconds" in {m.metric for m in diff.metrics}
+    with pytest.raises(ValueError, match="METRIC"):
+        parse_threshold("speed=1")
+
+
+def test_markdown_escapes_table_cells():
+    current = _results(_item("p.yaml::p[a|b]", "failed", ("equality",)))
+    text = render_markdown(diff_results(_results(), current))
+    assert "`p.yaml::p[a\\|b]`" in text and "### New failures (1)" in text
+
+
+def test_schema_1_files_are_read_with_keys_rebuilt(tmp_path):
+    old = {"schema": 1, "environment": {}, "summary": {}, "items": [
+        {"name": "x", "id": "sp2", "source": "scenarios/x.yaml:3", "outcome": "passed", "failed_checks": [],
+         "verdict": "ok", "run": {"mode": "FULL", "graphs_captured": 3, "steps": []}}]}
+    new = _results(_item("scenarios/x.yaml::x[sp2-FULL]", graphs_captured=3))
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    diff = diff_results(load_results(tmp_path / "old.json"), new)
+    assert not diff.added and not diff.removed
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read"),
+    ("{not json", "not JSON"),
+    ('{"schema": 2}', "no 'items' list"),
+    ('{"schema": 9, "items": []}', "results schema 9"),
+])
+def test_bad_files_are_one_line_and_status_2(tmp_path, capsys, content, message):
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(BASE))
+    assert main(["diff", str(bad), str(good)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and str(bad) in err
+    with pytest.raises(ResultsFileError):
+        load_results(bad)
+
+
+def test_cli_writes_each_format(tmp_path, capsys):
+    (tmp_path / "a.json").write_text(json.dumps(BASE))
+    (tmp_path / "b.json").write_text(json.dumps(CURRENT))
+    assert main(["diff", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--format=json",
+                 "-o", str(tmp_path / "out/d.json")]) == 1
+    data = json.loads((tmp_path / "out/d.json").read_text())
+    assert data["exit_status"] == 1 and data["new_failures"][0]["key"] == "b.yaml::b[FULL]"
+    assert main(["diff", str(tmp_path / "b.json"), str(tmp_path / "b.json"), "--format=markdown"]) == 0
+    assert "no new failures" in capsys.readouterr().out

