@@ -30,6 +30,7 @@ from harness.ops.contract import (
     FiaArgumentError,
     FiaContract,
     FiaContractError,
+    bnsd_length_violation,
     check_fia_lengths,
     resolve_contract,
     shape_violation,
@@ -71,6 +72,9 @@ def use_torch_npu() -> None:
     """Route the wrappers to torch_npu's real FIA (the npu backend). Imports torch_npu."""
     import torch_npu
 
+    from harness.ops.paged_attention import set_native_paged_attention
+
+    set_native_paged_attention(torch_npu._npu_paged_attention, torch_npu._npu_paged_attention_get_workspace)
     op = torch_npu.npu_fused_infer_attention_score
     set_native_impl(
         op,
@@ -135,6 +139,13 @@ def _validate(
     )
     if problem is not None:
         raise FiaArgumentError(*problem)
+    if input_layout == "BNSD":  # dense: per-batch lengths, no block table, no last-element rule
+        if block_table is not None:
+            raise FiaArgumentError("block_table", "the harness models BNSD dense (non-paged) only; pass None")
+        problem = bnsd_length_violation(query.shape, key.shape, actual_seq_lengths, actual_seq_lengths_kv)
+        if problem is not None:
+            raise FiaArgumentError(*problem)
+        return
     for name, given in (
         ("actual_seq_lengths", actual_seq_lengths),
         ("actual_seq_lengths_kv", actual_seq_lengths_kv),
@@ -161,10 +172,11 @@ class _Observed:
     """Context manager that records one :class:`FiaCall` on exit, with the error if any."""
 
     def __init__(self, kind: FiaCallKind, T: int, q: tuple[int, ...], kv: tuple[int, ...],
-                 num_reqs: int, contract: str, strict_ok: bool, relaxed_ok: bool) -> None:
+                 num_reqs: int, contract: str, strict_ok: bool, relaxed_ok: bool,
+                 layout: str = "TND") -> None:
         self._fields = dict(kind=kind, T=T, actual_seq_lengths=q, actual_seq_lengths_kv=kv,
                             num_reqs=num_reqs, contract=contract, strict_ok=strict_ok,
-                            relaxed_ok=relaxed_ok)
+                            relaxed_ok=relaxed_ok, layout=layout)
 
     def __enter__(self) -> None:
         return None
@@ -206,8 +218,9 @@ def _host_tiling(
     args = (query, key, value, q, kv, block_table, block_size, num_heads, num_key_value_heads,
             input_layout, sparse_mode)
     observed = _Observed(
-        kind, T, _as_tuple(q), _as_tuple(kv), len(q or ()), name,
+        kind, T, _as_tuple(q), _as_tuple(kv), T if input_layout == "BNSD" else len(q or ()), name,
         strict_ok=_accepts("strict", *args), relaxed_ok=_accepts("relaxed", *args),
+        layout=str(input_layout),
     )
     return observed, name, q, kv
 

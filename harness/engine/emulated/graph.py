@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import CaptureError, EngineError, TaskUpdateError
 from .device import COMM_NAMESPACES, EmulatedDevice
+from . import rng
 from .pool import PoolHandle
 from .recorder import Capture, CaptureMode, OpNode, _frozen, patch_host_reads, replay_steps
 from .streams import Stream
@@ -161,6 +162,9 @@ class NPUGraph:
         if self._capture is None:
             return 0
         return self._capture.pool.graph_bytes.get(self.name, 0)
+
+    def register_generator_state(self, generator: torch.Generator) -> None:
+        rng.register_generator_state(self, generator)
 
     def update(self, cpu_update_input: list[dict[str, Any]]) -> None:
         """Replace host arguments of the ops recorded by ``auto_dispatch_capture``, in order."""

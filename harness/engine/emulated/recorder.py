@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import CAPTURE_SYNC_MESSAGE, CaptureError
+from . import rng
 from .pool import Block, MemoryPool
 from .streams import ExternalEvent, WaitFor
 
@@ -176,19 +177,17 @@ class Capture:
             self.host_sync(f"{schema.name} has a data-dependent result")
         if schema.name in _BOOL_INDEX_OPS and _has_bool_index(args):
             self.host_sync(f"boolean-mask indexing ({schema.name})")
-        if torch.Tag.nondeterministic_seeded in tags and not self.allow_rng:
-            error = CaptureError(
-                f"{schema.name} draws random numbers inside the capture of {self.graph_name}; a real "
-                "graph must register the generator state (pass allow_rng=True to capture it)"
-            )
-            self.failed = self.failed or error
-            raise error
+        generator = None
+        if torch.Tag.nondeterministic_seeded in tags:  # allowed? which generator? (see .rng)
+            generator = rng.random_op_generator(self, schema.name, kwargs)
 
         if torch.Tag.inplace_view in tags:  # metadata-only (t_, squeeze_): apply now, never again
             return func(*args, **kwargs)
 
         writes = [a for a in schema.arguments if _is_write(a)]
         node = OpNode(len(self.nodes), func, _frozen(args), _frozen(kwargs), "functional")
+        if generator is not None:
+            node.kwargs["generator"] = generator  # live, not a frozen copy: replays advance it
         if writes:
             node.kind = "mutating"
             result = self._aliased_returns(func, args, kwargs)
@@ -287,6 +286,8 @@ def replay_steps(nodes: list[Node], label: str) -> Iterator[WaitFor]:
     """The device side of a replay: run the tape, stopping at event waits."""
     for node in nodes:
         if isinstance(node, OpNode):
+            node.run()
+        elif node.kind == "rng":  # save/restore a generator state (.rng)
             node.run()
         elif node.kind == "wait":
             if not node.event.is_recorded:
