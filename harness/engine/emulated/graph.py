@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import CaptureError, EngineError, TaskUpdateError
 from .device import COMM_NAMESPACES, EmulatedDevice
-from . import rng
+from . import dispatch_mode, rng
 from .pool import PoolHandle
 from .recorder import Capture, CaptureMode, OpNode, _frozen, patch_host_reads, replay_steps
 from .streams import Stream
@@ -174,6 +174,7 @@ class NPUGraph:
         if not capture.auto_dispatch:
             raise TaskUpdateError(f"update() needs a graph captured with auto_dispatch_capture=True ({self.name})")
         groups = [capture.groups[g] for g in sorted(capture.groups)]
+        cpu_update_input = dispatch_mode.broadcast(cpu_update_input, len(groups))
         if len(cpu_update_input) != len(groups):
             raise TaskUpdateError(
                 f"update of {self.name}: {len(cpu_update_input)} input dict(s) for {len(groups)} updatable op(s)"
@@ -183,6 +184,7 @@ class NPUGraph:
             for index in indices:
                 node = capture.nodes[index]
                 for name, value in values.items():
+                    value = dispatch_mode.host_value(node.func, name, value)
                     if isinstance(value, torch.Tensor):
                         raise TaskUpdateError(f"update of {self.name}: {name!r} is a tensor; only host values update")
                     if name not in bound_arguments(node.func, node.args, node.kwargs) and name not in {
@@ -195,7 +197,7 @@ class NPUGraph:
             for node, name, value in changes:
                 node.replace_argument(name, value)
 
-        self._device.current_stream.launch_host_fn(f"update of {self.name}", apply)
+        dispatch_mode.launch_update(self._device, capture, apply)
 
 
 def _communication_groups(capture: Capture) -> set[str]:

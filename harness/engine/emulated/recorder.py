@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import CAPTURE_SYNC_MESSAGE, CaptureError
-from . import rng
+from . import dispatch_mode, rng
 from .pool import Block, MemoryPool
 from .streams import ExternalEvent, WaitFor
 
@@ -209,6 +209,8 @@ class Capture:
         elif self.auto_dispatch and node.func._schema.name in UPDATABLE_OPS:
             node.group = len(self.groups)
             self.groups[node.group] = []
+            dispatch_mode.guard_with_event(self, node.group)  # torch_npu waits per dispatched op
+            node.index = len(self.nodes)
         if node.group is not None:
             self.groups[node.group].append(node.index)
         self.nodes.append(node)
