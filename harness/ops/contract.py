@@ -11,6 +11,10 @@ so the rule is a parameter here, not a constant:
   (it would read past the query); a smaller value is legal and the rows beyond it are padding.
 * ``"off"``: no last-element rule at all. The kernel still refuses to read out of bounds.
 
+The last-element rule belongs to TND, where ``actual_seq_lengths`` is cumulative. In dense BNSD
+(query ``[B, N, S, D]``) both lists are per-batch valid lengths, so any value in ``[0, S]`` is
+legal and the rule does not exist (:func:`bnsd_length_violation`).
+
 Independently of the contract, some inputs are never acceptable (decreasing or negative
 lengths, mismatched list lengths, KV lengths beyond the block table, too few block-table
 rows, heads that do not divide). Those raise :class:`FiaArgumentError` whatever the contract.

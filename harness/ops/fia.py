@@ -248,6 +248,10 @@ def npu_fused_infer_attention_score(
 ) -> tuple[Tensor, Tensor]:
     """Functional FIA: returns ``(attention_out [T, N, Dv], softmax_lse)``.
 
+    TND takes a paged KV cache, 4-D or vLLM Ascend's flat 3-D view; ``input_layout="BNSD"``
+    takes dense ``[B, N_kv, S_kv, D]`` key/value with per-batch lengths and no ``block_table``,
+    and returns ``[B, N, S, Dv]`` (lse ``[B, N, S, 1]``).
+
     ``softmax_lse`` is float32 ``[T, N, 1]`` with ``softmax_lse_flag``, else zeros ``[1]``.
     ``contract=None`` uses the current default (:func:`harness.ops.contract.fia_contract`).
     """
