@@ -8,7 +8,6 @@ junitxml properties and the pytest-html extras.
 
 from __future__ import annotations
 
-import html
 import json
 import os
 from pathlib import Path
@@ -19,12 +18,11 @@ import yaml
 
 from harness.engine import BACKENDS
 from harness.graph.modes import parse_mode
+from harness.report.record import report_record
 from harness.report.results import RECORD_KEY, item_record, metrics, write_results
 from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, load_scenario_file, locate
 
 SCENARIO_DIR = "scenarios"
-FEATURE_MARKERS = {"sp": "sequence parallel (tp > 1)", "dp": "data parallel (size > 1)",
-                   "mtp": "speculative decoding (k > 0)", "cp": "context parallel (size > 1)"}
 _results_key = pytest.StashKey[list]()
 _environment_key = pytest.StashKey[dict]()
 
@@ -55,18 +53,28 @@ def selected_modes(config: pytest.Config) -> list[str] | None:
 def pytest_configure(config: pytest.Config) -> None:
     for mode in GRAPH_MODES:
         config.addinivalue_line("markers", f"{mode.lower()}: scenario items running in graph mode {mode}")
-    for name, what in FEATURE_MARKERS.items():
-        config.addinivalue_line("markers", f"{name}: scenario items using {what}")
+    from harness.features import registry
+
+    for name, cls in registry().items():  # every feature's marker, plugins' included
+        if cls.marker:
+            config.addinivalue_line("markers", f"{name}: scenario items using {cls.marker}")
     config.addinivalue_line("markers", "known_bad: scenarios built to fail the named checks")
     selected_modes(config)  # a bad --mode is a usage error before collection
     # One bad scenario file is a collection error for that file only; the rest still runs.
     config.option.continue_on_collection_errors = True
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        import torch
+    import torch
 
-        torch.set_num_threads(1)  # two workers on two cores: no oversubscription
+    # One intra-op thread, with or without -n: the harness's ops are tiny, and on a loaded
+    # machine every multi-threaded op waits milliseconds for its threads (profiled: a 15 us
+    # bmm took 5 to 10 ms with 2 threads). Replay and eager share the process, so equality
+    # is unaffected.
+    torch.set_num_threads(1)
     config.stash[_results_key] = []
     config.pluginmanager.register(ResultsCollector(config), "graph-harness-results")
+    if config.pluginmanager.hasplugin("html"):
+        from harness.report.html_hooks import HtmlReport
+
+        config.pluginmanager.register(HtmlReport(config.stash[_results_key]), "graph-harness-html")
     _describe_environment(config)
 
 
@@ -83,7 +91,7 @@ def _describe_environment(config: pytest.Config) -> None:
 
     table = config.stash.get(metadata_key, None)
     if table is not None:
-        table.update({"graph-harness": harness.__version__, "torch": torch.__version__,
+        table.update({"graph-harness": harness.__version__, "torch": str(torch.__version__),  # TorchVersion does not cross xdist
                       "backend": resolve(config.getoption("--backend"))})
 
 
@@ -151,11 +159,15 @@ class ScenarioItem(pytest.Item):
         self.point = point
         scenario = point.scenario
         self.add_marker(scenario.graph.mode.lower())
-        features = scenario.features
-        for name, on in (("sp", features.sp.tp > 1), ("dp", features.dp.size > 1), ("mtp", features.mtp.k > 0),
-                         ("cp", features.cp.size > 1)):
-            if on:
-                self.add_marker(name)
+        from harness.session import scenario_features
+
+        try:
+            active = scenario_features(scenario)
+        except ValueError:  # an unknown feature: preflight has reported it already
+            active = []
+        for feature in active:
+            if feature.marker:
+                self.add_marker(feature.name)
         if scenario.expect.outcome == "fail":
             self.add_marker("known_bad")
         self.record: dict[str, Any] | None = None
@@ -178,11 +190,17 @@ class ScenarioItem(pytest.Item):
             raise ScenarioFailed(result.verdict)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]):  # type: ignore[override]
-        if isinstance(excinfo.value, ScenarioFailed):
-            lines = [str(excinfo.value)]
-            if self.record and self.record.get("traceback"):
-                lines.append(self.record["traceback"])
-            return "\n".join(lines)
+        # A verdict (failed, or known-bad and failed as expected) is explained by the record;
+        # pytest's traceback of the harness frames that raised it would explain nothing.
+        if isinstance(excinfo.value, (ScenarioFailed, pytest.xfail.Exception)) and self.record:
+            from harness.report.terminal import failure_text
+
+            where = f"{os.path.relpath(self.path, self.config.invocation_params.dir)}:{self.point.source.line or 1}"
+            text = failure_text(self.record, where=where,
+                                path=str(self.path), locate=locate, reports=_report_paths(self.config))
+            if self.record.get("traceback"):
+                text += "\n" + self.record["traceback"]
+            return text
         return super().repr_failure(excinfo)
 
     def reportinfo(self):
@@ -195,17 +213,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     report = outcome.get_result()
     if call.when != "call" or not isinstance(item, ScenarioItem) or item.record is None:
         return
-    try:
-        from pytest_html import extras
-    except ImportError:
-        return
-    try:
-        from harness.report.html import render_item
+    if item.config.pluginmanager.hasplugin("html"):
+        from harness.report.html_hooks import attach_fragment
 
-        fragment = render_item(item.record)
-    except Exception as error:  # noqa: BLE001 - a rendering bug must not lose the result
-        fragment = f"<pre>graph-harness could not render this item: {html.escape(repr(error))}</pre>"
-    report.extras = [*getattr(report, "extras", []), extras.html(fragment)]
+        attach_fragment(report, item.record)
 
 
 class ResultsCollector:
@@ -218,9 +229,9 @@ class ResultsCollector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
             return
-        for name, value in report.user_properties:
-            if name == RECORD_KEY:
-                self.records.append(json.loads(value))
+        record = report_record(report)
+        if record is not None:
+            self.records.append(record)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(self.config, "workerinput"):
@@ -236,18 +247,17 @@ class ResultsCollector:
         write_results(path, self.records, env, summary)
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_html_report_title(report) -> None:
-    report.title = "graph-harness: graph-mode scenarios"
+def _report_paths(config: pytest.Config) -> list[tuple[str, str | None]]:
+    """Where this run writes its HTML and JSON reports (as given, relative to the invocation)."""
+    json_path = config.getoption("--results-json") or os.path.join("reports", "graph-harness-results.json")
+    return [("HTML", getattr(config.option, "htmlpath", None)), ("JSON", json_path)]
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_html_results_summary(prefix, summary, postfix, session) -> None:
-    records = session.config.stash.get(_results_key, [])
-    if records:
-        from harness.report.html import render_summary
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    if config.stash.get(_results_key, None):
+        from harness.report.terminal import reports_line
 
-        prefix.append(render_summary(records))
+        terminalreporter.write_sep("-", f"graph-harness {reports_line(_report_paths(config))}")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

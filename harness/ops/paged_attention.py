@@ -57,7 +57,7 @@ _lib.define(PAGED_ATTENTION_SCHEMA)
 _lib.define(PAGED_ATTENTION_DEVICE_SCHEMA)
 
 NativeFn = Callable[..., Any]
-# Process-wide backend choice, like harness.ops.fia's: set by use_torch_npu(), None = reference.
+# Process-wide backend choice, like harness.ops.fia's set_native_impl; None = the reference.
 _native: dict[str, NativeFn | None] = {"op": None, "workspace": None}
 
 
