@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from harness import pytest_matrix
 from harness.engine import BACKENDS
 from harness.graph.modes import parse_mode
 from harness.report.record import report_record
@@ -38,6 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="override every scenario's FIA host contract")
     group.addoption("--results-json", default=None, metavar="PATH",
                     help="JSON results file (default reports/graph-harness-results.json when scenarios run)")
+    pytest_matrix.add_options(group)
 
 
 def selected_modes(config: pytest.Config) -> list[str] | None:
@@ -59,6 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if cls.marker:
             config.addinivalue_line("markers", f"{name}: scenario items using {cls.marker}")
     config.addinivalue_line("markers", "known_bad: scenarios built to fail the named checks")
+    pytest_matrix.register_markers(config)
     selected_modes(config)  # a bad --mode is a usage error before collection
     # One bad scenario file is a collection error for that file only; the rest still runs.
     config.option.continue_on_collection_errors = True
@@ -109,8 +112,9 @@ class ScenarioFile(pytest.File):
         runs: list[tuple[str | None, dict[str, Any]]] = [(None, {})]
         if modes and not _names_a_mode(self.path):
             runs = [(mode, {"graph.mode": mode}) for mode in modes]
+        chosen = pytest_matrix.combinations(self.config, self.path, modes)
         for mode, overrides in runs:
-            for point in load_scenario_file(self.path, overrides=overrides or None):
+            for point in load_scenario_file(self.path, overrides=overrides or None, combinations=chosen):
                 if modes and point.scenario.graph.mode not in modes:
                     continue
                 _preflight(self.path, point)
@@ -170,6 +174,7 @@ class ScenarioItem(pytest.Item):
                 self.add_marker(feature.name)
         if scenario.expect.outcome == "fail":
             self.add_marker("known_bad")
+        pytest_matrix.mark_item(self, scenario)
         self.record: dict[str, Any] | None = None
 
     def runtest(self) -> None:

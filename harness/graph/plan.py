@@ -214,12 +214,17 @@ class StepPlanner:
         return padded
 
     def _idle_metadata(self, num_tokens: int) -> AttentionMetadata:
-        """An idle DP rank's batch: one dummy request of KV length 0 holding every token."""
+        """An idle DP rank's batch: one dummy request of KV length 0 holding every token.
+
+        The dummy is padding, not a request (``num_reqs`` 0, ``num_reqs_padded`` 1), so a
+        feature that re-derives metadata from the real requests (CP) sees no real token.
+        """
         cfg = self.config
         dummy = ScheduledRequest("idle", 0, num_tokens, (0,) * cfg.max_blocks_per_req)
         meta = self.metadata([dummy])
-        return replace(meta, seq_lens=[0], slot_mapping=[PAD_SLOT_ID] * num_tokens, positions=[0] * num_tokens,
-                       num_actual_tokens=0, padding_source=f"idle DP rank: {num_tokens} dummy tokens")
+        return replace(meta, num_reqs=0, seq_lens=[0], slot_mapping=[PAD_SLOT_ID] * num_tokens,
+                       positions=[0] * num_tokens, num_actual_tokens=0,
+                       padding_source=f"idle DP rank: {num_tokens} dummy tokens")
 
     def _rank_view(self, meta: AttentionMetadata) -> AttentionMetadata:
         for feature in self.features:
