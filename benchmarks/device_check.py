@@ -1,9 +1,9 @@
 #!/usr/bin/env python
-"""One short check of the CUDA backend on a lent GPU machine; prints PASS/FAIL per check.
+"""One short check of a lent GPU (CUDA) or NPU machine; prints PASS/FAIL per check.
 
 Run from the repository root (no install needed, only torch)::
 
-    python benchmarks/device_check.py            # exit 0: all passed (or "SKIP: no CUDA")
+    python benchmarks/device_check.py            # exit 0: all passed (or "SKIP: no GPU or NPU")
                                                  # exit 1: a check failed
 
 What it checks, through the torch.npu-shaped names of ``harness.engine.load("cuda")``:
@@ -22,7 +22,17 @@ What it checks, through the torch.npu-shaped names of ``harness.engine.load("cud
    ``NPUGraph.update`` raise ``UnsupportedOnBackend`` naming the device-metadata variant;
 5. ``timing`` (information only): median replay vs eager time of one decode step.
 
-Every check runs even when an earlier one fails; the summary lists them all.
+6. ``scenario-verdicts`` (CUDA or NPU): a chosen part of the scenario library (default
+   :data:`verdicts.DEFAULT_SELECTION` with ``-k`` :data:`verdicts.DEFAULT_K`; ``--scenarios`` and
+   ``-k`` choose another) runs on the emulator and on the device backend, each in its own pytest
+   process, and the two verdicts of every item are written side by side
+   (``--out``/verdicts.json and verdicts.txt; DIFF marks an item whose outcome or failed checks
+   differ). It fails when any item differs or a run did not finish. Both runs together are
+   bounded by ``--verdict-budget`` seconds (default 480), so the whole script stays under 10
+   minutes. On an NPU machine only checks 1 and 6 run (the others are CUDA-graph specific).
+
+Every check runs even when an earlier one fails; the summary lists them all. Where neither a GPU
+nor an NPU is present the script prints SKIP and exits 0.
 
 ``--emulate`` runs the same steps on the CPU emulator (``load("emulated")``, device cpu) to
 test this script where no GPU is lent; it is not a device check and skips the CUDA-only checks.
@@ -31,6 +41,7 @@ test this script where no GPU is lent; it is not a device check and skips the CU
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -39,6 +50,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/verdicts.py
 
 import torch  # noqa: E402
 
@@ -52,9 +64,19 @@ PROMPTS = {"a": 5, "b": 3, "c": 9, "d": 2, "e": 7, "f": 4}
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--emulate", action="store_true", help="dry run on the CPU emulator (no GPU needed)")
+    parser.add_argument("--verdicts", action="store_true",
+                        help="with --emulate: also run the scenario-verdict comparison (emulated vs emulated)")
+    parser.add_argument("--no-verdicts", action="store_true", help="skip the scenario-verdict comparison")
+    parser.add_argument("--scenarios", nargs="+", default=None, metavar="PATH",
+                        help="scenario files or folders for the verdict comparison")
+    parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression for the comparison")
+    parser.add_argument("--out", default="reports/device-check", help="folder for verdicts.json / verdicts.txt")
+    parser.add_argument("--verdict-budget", type=float, default=480.0, help="seconds for both verdict runs")
     args = parser.parse_args(argv)
-    if not args.emulate and not torch.cuda.is_available():
-        print(f"SKIP: no CUDA (torch {torch.__version__}, torch.cuda.is_available() is False)")
+    device = device_backend()
+    if not args.emulate and device is None:
+        print(f"SKIP: no GPU or NPU (torch {torch.__version__}: torch.cuda.is_available() is False, "
+              "torch_npu absent or sees no device)")
         return 0
     results: list[tuple[str, str, str]] = []
 
@@ -71,27 +93,70 @@ def main(argv: list[str] | None = None) -> int:
         results.append((name, status, f"{detail} ({time.perf_counter() - started:.2f}s)"))
         print(f"[{status}] {name}: {results[-1][2]}", flush=True)
 
-    try:
-        ctx = Context(emulate=args.emulate)
-    except Exception as error:  # noqa: BLE001 - nothing else can run; still a clean FAIL
-        traceback.print_exc()
-        print(f"FAIL: setup: {type(error).__name__}: {error}")
-        return 1
-    if not args.emulate:
-        run("backend", ctx.check_backend)
-    run("full-graph-device-metadata", ctx.check_full_graph)
-    run("stale-host-lists", ctx.check_stale_control)
-    if not args.emulate:
-        run("task-groups-unsupported", ctx.check_unsupported)
-    run("timing", ctx.timing)
+    where = "the CPU emulator"
+    if args.emulate or device == "cuda":
+        try:
+            ctx = Context(emulate=args.emulate)
+        except Exception as error:  # noqa: BLE001 - nothing else can run; still a clean FAIL
+            traceback.print_exc()
+            print(f"FAIL: setup: {type(error).__name__}: {error}")
+            return 1
+        where = ctx.engine.device_name()
+        if not args.emulate:
+            run("backend", ctx.check_backend)
+        run("full-graph-device-metadata", ctx.check_full_graph)
+        run("stale-host-lists", ctx.check_stale_control)
+        if not args.emulate:
+            run("task-groups-unsupported", ctx.check_unsupported)
+        run("timing", ctx.timing)
+    else:
+        run("backend", lambda: check_npu_backend())
+        where = "an Ascend NPU"
+    if not args.no_verdicts and (not args.emulate or args.verdicts):
+        target = "emulated" if args.emulate else device
+        run("scenario-verdicts", lambda: check_verdicts(target, args))
 
     failed = [r for r in results if r[1] == "FAIL"]
     print("\n| check | result | detail |\n|---|---|---|")
     for name, status, detail in results:
         print(f"| {name} | {status} | {detail} |")
     print(f"\n{'FAIL' if failed else 'PASS'}: {len(results) - len(failed)}/{len(results)} checks "
-          f"on {ctx.engine.device_name()}" + (" (--emulate: NOT a device check)" if args.emulate else ""))
+          f"on {where}" + (" (--emulate: NOT a device check)" if args.emulate else ""))
     return 1 if failed else 0
+
+
+def device_backend() -> str | None:
+    """``"npu"`` when torch_npu sees a device, else ``"cuda"`` when CUDA is available, else None."""
+    from harness.engine import cuda_available, npu_available
+
+    if npu_available():
+        return "npu"
+    return "cuda" if cuda_available() else None
+
+
+def check_npu_backend() -> str:
+    from harness.engine import load, resolve
+
+    engine = load("npu")
+    assert resolve("auto") == "npu", f"resolve('auto') gave {resolve('auto')!r} on an NPU machine"
+    return f"load('npu') ok, {engine.device_name()}"
+
+
+def check_verdicts(target: str, args: argparse.Namespace) -> str:
+    """The scenario library's verdicts on ``target`` beside the emulator's (see benchmarks/verdicts.py)."""
+    from verdicts import DEFAULT_K, verdicts_beside_emulator
+
+    out = Path(args.out)
+    rows, text = verdicts_beside_emulator(target, out, args.scenarios, args.keyword or DEFAULT_K,
+                                          args.verdict_budget)
+    print(text, flush=True)
+    runs = json.loads((out / "verdicts.json").read_text())["runs"]
+    errors = {name: run["run_error"] for name, run in runs.items() if run.get("run_error")}
+    assert not errors, f"a verdict run did not finish: {errors}"
+    assert rows, "the selection matched no scenario item"
+    differ = [r.item for r in rows if not r.agree]
+    assert not differ, f"{len(differ)} of {len(rows)} item(s) differ from the emulator: {differ[:5]}"
+    return f"{len(rows)} items agree with the emulator; table in {out}/verdicts.txt"
 
 
 class Context:

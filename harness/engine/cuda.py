@@ -90,6 +90,9 @@ Stream = torch.cuda.Stream
 current_stream = torch.cuda.current_stream
 stream = torch.cuda.stream
 synchronize = torch.cuda.synchronize
+manual_seed = torch.cuda.manual_seed
+get_rng_state = torch.cuda.get_rng_state
+set_rng_state = torch.cuda.set_rng_state
 
 
 def stream_usage() -> dict[str, Any]:

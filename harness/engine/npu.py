@@ -59,6 +59,9 @@ Stream = torch.npu.Stream
 current_stream = torch.npu.current_stream
 stream = torch.npu.stream
 synchronize = torch.npu.synchronize
+manual_seed = torch.npu.manual_seed
+get_rng_state = torch.npu.get_rng_state
+set_rng_state = torch.npu.set_rng_state
 
 
 def stream_usage() -> dict[str, Any]:

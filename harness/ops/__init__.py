@@ -8,7 +8,9 @@ Modules, read in this order:
 * :mod:`harness.ops.observe` -- :class:`FiaCall` records, observers and tags;
 * :mod:`harness.ops.reference` -- the deterministic, batch-invariant attention math;
 * :mod:`harness.ops.library` -- the ``torch.ops.harness.*`` custom ops and fake kernels;
-* :mod:`harness.ops.fia` -- the wrappers (the "host tiling" step) that callers use.
+* :mod:`harness.ops.fia` -- the wrappers (the "host tiling" step) that callers use;
+* :mod:`harness.ops.paged_attention` -- torch_npu's ``_npu_paged_attention`` (decode, host
+  ``context_lens``) and a device-read variant, registered the same way.
 
 Importing this package registers the ops. It never imports torch_npu: the NPU engine installs
 the real op with :func:`set_native_impl`.
@@ -35,11 +37,17 @@ from harness.ops.fia import (
     register_updatable_ops,
     set_native_impl,
 )
-from harness.ops.library import FIA_OP_NAME, UPDATABLE_OP_NAMES, workspace_nbytes
+from harness.ops.library import FIA_OP_NAME, PAGED_ATTENTION_OP_NAME, UPDATABLE_OP_NAMES, workspace_nbytes
+from harness.ops.paged_attention import (
+    npu_paged_attention,
+    npu_paged_attention_device_lens,
+    paged_attention_get_workspace,
+)
 from harness.ops.observe import FiaCall, fia_call_tags, observe_fia_calls
 
 __all__ = [
     "FIA_OP_NAME",
+    "PAGED_ATTENTION_OP_NAME",
     "UPDATABLE_OP_NAMES",
     "FIA_CONTRACTS",
     "FIA_LAST_ELEMENT_CODE",
@@ -57,7 +65,10 @@ __all__ = [
     "get_native_impl",
     "npu_fused_infer_attention_score",
     "npu_fused_infer_attention_score_out",
+    "npu_paged_attention",
+    "npu_paged_attention_device_lens",
     "observe_fia_calls",
+    "paged_attention_get_workspace",
     "register_updatable_ops",
     "set_native_impl",
     "shape_violation",

@@ -11,6 +11,10 @@ so the rule is a parameter here, not a constant:
   (it would read past the query); a smaller value is legal and the rows beyond it are padding.
 * ``"off"``: no last-element rule at all. The kernel still refuses to read out of bounds.
 
+The last-element rule belongs to TND, where ``actual_seq_lengths`` is cumulative. In dense BNSD
+(query ``[B, N, S, D]``) both lists are per-batch valid lengths, so any value in ``[0, S]`` is
+legal and the rule does not exist (:func:`bnsd_length_violation`).
+
 Independently of the contract, some inputs are never acceptable (decreasing or negative
 lengths, mismatched list lengths, KV lengths beyond the block table, too few block-table
 rows, heads that do not divide). Those raise :class:`FiaArgumentError` whatever the contract.
@@ -163,6 +167,24 @@ def check_fia_lengths(
         )
 
 
+FiaLayout = Literal["TND", "BNSD"]
+FIA_LAYOUTS: tuple[str, ...] = get_args(FiaLayout)
+
+
+def kv_head_dim(shape: Sequence[int], kv_heads: int) -> int | None:
+    """Head dim of a paged KV cache, 4-D ``[blocks, block_size, N_kv, D]`` or flat 3-D.
+
+    vLLM Ascend hands FIA the cache as the flat view ``(num_blocks, block_size, N_kv * D)``
+    (``key_cache.view(num_block, block_size, -1)`` in attention_v1.py); CANN reads N_kv from
+    ``num_key_value_heads``. ``None`` when the last dim does not split into ``kv_heads``.
+    """
+    if len(shape) == 4:
+        return int(shape[3])
+    if len(shape) == 3 and kv_heads > 0 and shape[2] % kv_heads == 0:
+        return int(shape[2]) // kv_heads
+    return None
+
+
 def shape_violation(
     query_shape: Sequence[int],
     key_shape: Sequence[int],
@@ -177,9 +199,11 @@ def shape_violation(
     """First problem with the tensor shapes and head/layout arguments, as ``(argument, message)``.
 
     Only shapes are read, so this runs on meta tensors too (it backs the fake kernels).
+    TND takes a paged KV cache (4-D, or the flat 3-D view); BNSD takes dense, non-paged
+    ``[B, N_kv, S_kv, D]`` key/value (the harness does not model paged BNSD).
     """
-    if input_layout != "TND":
-        return "input_layout", f"only 'TND' is supported by the harness, got {input_layout!r}"
+    if input_layout not in FIA_LAYOUTS:
+        return "input_layout", f"the harness models {' and '.join(FIA_LAYOUTS)}, got {input_layout!r}"
     if sparse_mode not in (0, 3):
         return "sparse_mode", f"only 0 (no mask) and 3 (right-down causal) are supported, got {sparse_mode}"
     if num_heads <= 0:
@@ -192,19 +216,80 @@ def shape_violation(
             "num_key_value_heads",
             f"num_heads ({num_heads}) must be divisible by num_key_value_heads ({kv_heads})",
         )
+    if input_layout == "BNSD":
+        return _bnsd_shape_violation(query_shape, key_shape, value_shape, num_heads, kv_heads)
     if len(query_shape) != 3:
         return "query", f"TND layout needs a 3-D query [T, N, D], got shape {tuple(query_shape)}"
     if query_shape[1] != num_heads:
         return "query", f"has {query_shape[1]} heads but num_heads is {num_heads}"
     for name, shape in (("key", key_shape), ("value", value_shape)):
-        if len(shape) != 4:
-            return name, f"paged KV needs [num_blocks, block_size, num_kv_heads, D], got {tuple(shape)}"
+        if len(shape) not in (3, 4):
+            return name, (
+                f"paged KV needs [num_blocks, block_size, num_kv_heads, D] or the flat view "
+                f"[num_blocks, block_size, num_kv_heads * D], got {tuple(shape)}"
+            )
         if shape[1] != block_size:
             return name, f"dim 1 ({shape[1]}) must equal block_size ({block_size})"
-        if shape[2] != kv_heads:
+        if len(shape) == 4 and shape[2] != kv_heads:
             return name, f"has {shape[2]} KV heads but num_key_value_heads is {kv_heads}"
-    if key_shape[3] != query_shape[2]:
-        return "key", f"head dim {key_shape[3]} differs from the query's ({query_shape[2]})"
-    if tuple(key_shape[:3]) != tuple(value_shape[:3]):
+        if kv_head_dim(shape, kv_heads) is None:
+            return name, f"last dim {shape[2]} of the flat 3-D view does not split into {kv_heads} KV heads"
+    if kv_head_dim(key_shape, kv_heads) != query_shape[2]:
+        return "key", f"head dim {kv_head_dim(key_shape, kv_heads)} differs from the query's ({query_shape[2]})"
+    if tuple(key_shape[:2]) != tuple(value_shape[:2]) or (
+        len(key_shape) == 4 and len(value_shape) == 4 and key_shape[2] != value_shape[2]
+    ):
         return "value", f"shape {tuple(value_shape)} does not match key {tuple(key_shape)}"
+    return None
+
+
+def _bnsd_shape_violation(
+    query_shape: Sequence[int],
+    key_shape: Sequence[int],
+    value_shape: Sequence[int],
+    num_heads: int,
+    kv_heads: int,
+) -> tuple[str, str] | None:
+    if len(query_shape) != 4:
+        return "query", f"BNSD layout needs a 4-D query [B, N, S, D], got shape {tuple(query_shape)}"
+    if query_shape[1] != num_heads:
+        return "query", f"has {query_shape[1]} heads (dim 1) but num_heads is {num_heads}"
+    for name, shape in (("key", key_shape), ("value", value_shape)):
+        if len(shape) != 4:
+            return name, f"dense BNSD needs [B, N_kv, S_kv, D], got {tuple(shape)}"
+        if shape[0] != query_shape[0]:
+            return name, f"batch {shape[0]} differs from the query's ({query_shape[0]})"
+        if shape[1] != kv_heads:
+            return name, f"has {shape[1]} KV heads (dim 1) but num_key_value_heads is {kv_heads}"
+    if key_shape[3] != query_shape[3]:
+        return "key", f"head dim {key_shape[3]} differs from the query's ({query_shape[3]})"
+    if key_shape[2] != value_shape[2]:
+        return "value", f"S_kv {value_shape[2]} differs from the key's ({key_shape[2]})"
+    return None
+
+
+def bnsd_length_violation(
+    query_shape: Sequence[int],
+    key_shape: Sequence[int],
+    actual_seq_lengths: Sequence[int] | None,
+    actual_seq_lengths_kv: Sequence[int] | None,
+) -> tuple[str, str] | None:
+    """BNSD's host lists: PER-BATCH valid lengths (not cumulative, unlike TND).
+
+    ``actual_seq_lengths[b]`` is how many of batch b's S query rows are real, and
+    ``actual_seq_lengths_kv[b]`` how many of its S_kv keys; ``None`` means all of them. So
+    there is no last-element rule here: any value in ``[0, S]`` is legal, in any order.
+    The harness asks for exactly B entries.
+    """
+    batch, seq, seq_kv = int(query_shape[0]), int(query_shape[2]), int(key_shape[2])
+    for name, values, bound in (("actual_seq_lengths", actual_seq_lengths, seq),
+                                ("actual_seq_lengths_kv", actual_seq_lengths_kv, seq_kv)):
+        if values is None:
+            continue
+        if len(values) != batch:
+            return name, f"has {len(values)} entries; BNSD needs one per batch (B={batch})"
+        for i, value in enumerate(values):
+            if not 0 <= int(value) <= bound:
+                return name, (f"element {i} ({value}) is outside [0, {bound}] "
+                              f"(a per-batch length, at most the {'S' if bound == seq else 'S_kv'} dim)")
     return None

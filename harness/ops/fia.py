@@ -30,6 +30,7 @@ from harness.ops.contract import (
     FiaArgumentError,
     FiaContract,
     FiaContractError,
+    bnsd_length_violation,
     check_fia_lengths,
     resolve_contract,
     shape_violation,
@@ -122,6 +123,13 @@ def _validate(
     )
     if problem is not None:
         raise FiaArgumentError(*problem)
+    if input_layout == "BNSD":  # dense: per-batch lengths, no block table, no last-element rule
+        if block_table is not None:
+            raise FiaArgumentError("block_table", "the harness models BNSD dense (non-paged) only; pass None")
+        problem = bnsd_length_violation(query.shape, key.shape, actual_seq_lengths, actual_seq_lengths_kv)
+        if problem is not None:
+            raise FiaArgumentError(*problem)
+        return
     for name, given in (
         ("actual_seq_lengths", actual_seq_lengths),
         ("actual_seq_lengths_kv", actual_seq_lengths_kv),
@@ -148,10 +156,11 @@ class _Observed:
     """Context manager that records one :class:`FiaCall` on exit, with the error if any."""
 
     def __init__(self, kind: FiaCallKind, T: int, q: tuple[int, ...], kv: tuple[int, ...],
-                 num_reqs: int, contract: str, strict_ok: bool, relaxed_ok: bool) -> None:
+                 num_reqs: int, contract: str, strict_ok: bool, relaxed_ok: bool,
+                 layout: str = "TND") -> None:
         self._fields = dict(kind=kind, T=T, actual_seq_lengths=q, actual_seq_lengths_kv=kv,
                             num_reqs=num_reqs, contract=contract, strict_ok=strict_ok,
-                            relaxed_ok=relaxed_ok)
+                            relaxed_ok=relaxed_ok, layout=layout)
 
     def __enter__(self) -> None:
         return None
@@ -193,8 +202,9 @@ def _host_tiling(
     args = (query, key, value, q, kv, block_table, block_size, num_heads, num_key_value_heads,
             input_layout, sparse_mode)
     observed = _Observed(
-        kind, T, _as_tuple(q), _as_tuple(kv), len(q or ()), name,
+        kind, T, _as_tuple(q), _as_tuple(kv), T if input_layout == "BNSD" else len(q or ()), name,
         strict_ok=_accepts("strict", *args), relaxed_ok=_accepts("relaxed", *args),
+        layout=str(input_layout),
     )
     return observed, name, q, kv
 
@@ -221,6 +231,10 @@ def npu_fused_infer_attention_score(
     contract: FiaContract | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Functional FIA: returns ``(attention_out [T, N, Dv], softmax_lse)``.
+
+    TND takes a paged KV cache, 4-D or vLLM Ascend's flat 3-D view; ``input_layout="BNSD"``
+    takes dense ``[B, N_kv, S_kv, D]`` key/value with per-batch lengths and no ``block_table``,
+    and returns ``[B, N, S, Dv]`` (lse ``[B, N, S, 1]``).
 
     ``softmax_lse`` is float32 ``[T, N, 1]`` with ``softmax_lse_flag``, else zeros ``[1]``.
     ``contract=None`` uses the current default (:func:`harness.ops.contract.fia_contract`).

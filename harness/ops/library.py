@@ -54,8 +54,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from harness.ops.contract import bounds_violation, shape_violation
+from harness.ops.contract import bnsd_length_violation, bounds_violation, shape_violation
 from harness.ops.reference import (
+    as_4d_paged_cache,
+    dense_bnsd_attention_into,
     paged_attention_from_device_bounds,
     paged_attention_into,
     spans_from_host_lists,
@@ -103,11 +105,14 @@ def _raise_if_bad_shapes(query: Tensor, key: Tensor, value: Tensor, **kwargs: ob
 
 
 def _lse_shape(query: Tensor, softmax_lse_flag: bool) -> tuple[int, ...]:
-    return (query.shape[0], query.shape[1], 1) if softmax_lse_flag else (1,)
+    """``[T, N, 1]`` (TND) or ``[B, N, S, 1]`` (BNSD) with the flag, else ``[1]``."""
+    return (*query.shape[:-1], 1) if softmax_lse_flag else (1,)
 
 
-def _out_shape(query: Tensor, value: Tensor) -> tuple[int, ...]:
-    return (query.shape[0], query.shape[1], value.shape[3])
+def _out_shape(query: Tensor, value: Tensor, kv_heads: int) -> tuple[int, ...]:
+    """The query's shape with the value head dim last (value 4-D, or the flat 3-D paged view)."""
+    dv = value.shape[3] if value.dim() == 4 else value.shape[2] // kv_heads
+    return (*query.shape[:-1], dv)
 
 
 def _host_list_spans(
@@ -169,10 +174,22 @@ def _fia_into(
         num_key_value_heads=num_key_value_heads, input_layout=input_layout, sparse_mode=sparse_mode,
     )
     causal = _check_mask(sparse_mode, atten_mask)
+    if input_layout == "BNSD":
+        if block_table is not None:
+            raise RuntimeError("harness FIA: BNSD is modelled dense (non-paged); block_table must be None")
+        problem = bnsd_length_violation(query.shape, key.shape, actual_seq_lengths, actual_seq_lengths_kv)
+        if problem is not None:
+            raise RuntimeError(f"harness FIA: {problem[0]}: {problem[1]}")
+        batch = query.shape[0]
+        q_lens = [query.shape[2]] * batch if actual_seq_lengths is None else [int(x) for x in actual_seq_lengths]
+        kv_lens = [key.shape[2]] * batch if actual_seq_lengths_kv is None else [int(x) for x in actual_seq_lengths_kv]
+        dense_bnsd_attention_into(query, key, value, q_lens, kv_lens, scale=scale, causal=causal, out=out, lse=lse)
+        return
     spans = _host_list_spans(query, actual_seq_lengths, actual_seq_lengths_kv, block_table, block_size)
     assert block_table is not None
+    kv_heads = num_key_value_heads or num_heads
     paged_attention_into(
-        query, key, value, block_table, spans,
+        query, as_4d_paged_cache(key, kv_heads), as_4d_paged_cache(value, kv_heads), block_table, spans,
         block_size=block_size, scale=scale, causal=causal, out=out, lse=lse,
     )
 
@@ -194,8 +211,8 @@ def _fia_kernel(
     atten_mask: Tensor | None = None,
     softmax_lse_flag: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    out = query.new_empty(_out_shape(query, value))
-    lse = torch.empty((query.shape[0], query.shape[1], 1), dtype=torch.float32, device=query.device)
+    out = query.new_empty(_out_shape(query, value, num_key_value_heads or num_heads))
+    lse = torch.empty(_lse_shape(query, True), dtype=torch.float32, device=query.device)
     _fia_into(
         query, key, value, actual_seq_lengths, actual_seq_lengths_kv, block_table, block_size,
         num_heads, num_key_value_heads, scale, input_layout, sparse_mode, atten_mask, out, lse,
@@ -226,7 +243,7 @@ def _fia_fake(
         query, key, value, block_size=block_size, num_heads=num_heads,
         num_key_value_heads=num_key_value_heads, input_layout=input_layout, sparse_mode=sparse_mode,
     )
-    out = query.new_empty(_out_shape(query, value))
+    out = query.new_empty(_out_shape(query, value, num_key_value_heads or num_heads))
     lse = query.new_empty(_lse_shape(query, softmax_lse_flag), dtype=torch.float32)
     return out, lse
 
@@ -238,8 +255,9 @@ def _check_out_tensors(
     attention_out: Tensor,
     softmax_lse: Tensor,
     softmax_lse_flag: bool,
+    kv_heads: int,
 ) -> None:
-    want = _out_shape(query, value)
+    want = _out_shape(query, value, kv_heads)
     if tuple(attention_out.shape) != want or attention_out.dtype != query.dtype:
         raise RuntimeError(
             f"harness FIA: attention_out must be {query.dtype} {list(want)}, got "
@@ -278,7 +296,8 @@ def _fia_out_kernel(
     attention_out: Tensor,
     softmax_lse: Tensor,
 ) -> None:
-    _check_out_tensors(query, value, workspace, attention_out, softmax_lse, softmax_lse_flag)
+    _check_out_tensors(query, value, workspace, attention_out, softmax_lse, softmax_lse_flag,
+                       num_key_value_heads or num_heads)
     _fia_into(
         query, key, value, actual_seq_lengths, actual_seq_lengths_kv, block_table, block_size,
         num_heads, num_key_value_heads, scale, input_layout, sparse_mode, atten_mask,
@@ -312,7 +331,8 @@ def _fia_out_fake(
         query, key, value, block_size=block_size, num_heads=num_heads,
         num_key_value_heads=num_key_value_heads, input_layout=input_layout, sparse_mode=sparse_mode,
     )
-    _check_out_tensors(query, value, workspace, attention_out, softmax_lse, softmax_lse_flag)
+    _check_out_tensors(query, value, workspace, attention_out, softmax_lse, softmax_lse_flag,
+                       num_key_value_heads or num_heads)
 
 
 # --------------------------------------------------------------------------- device metadata
@@ -398,7 +418,9 @@ def _device_metadata_kernel(
         block_size, num_heads, num_key_value_heads, max_num_reqs, sparse_mode,
     )
     spans = _device_spans(query.shape[0], query_start_loc, seq_lens_kv, block_table, block_size, max_num_reqs)
-    out = query.new_empty(_out_shape(query, value))
+    key = as_4d_paged_cache(key, num_key_value_heads or num_heads)
+    value = as_4d_paged_cache(value, num_key_value_heads or num_heads)
+    out = query.new_empty(_out_shape(query, value, num_key_value_heads or num_heads))
     lse = torch.empty(_lse_shape(query, True), dtype=torch.float32, device=query.device)
     paged_attention_into(
         query, key, value, block_table, spans,
@@ -426,8 +448,9 @@ def _device_metadata_kernel_sync_free(
         query, key, value, query_start_loc, seq_lens_kv, block_table,
         block_size, num_heads, num_key_value_heads, max_num_reqs, sparse_mode,
     )
+    kv_heads = num_key_value_heads or num_heads
     return paged_attention_from_device_bounds(
-        query, key, value, query_start_loc, seq_lens_kv, block_table, max_num_reqs=max_num_reqs,
+        query, as_4d_paged_cache(key, kv_heads), as_4d_paged_cache(value, kv_heads), query_start_loc, seq_lens_kv, block_table, max_num_reqs=max_num_reqs,
         block_size=block_size, scale=scale, causal=sparse_mode == 3,
     )
 
@@ -451,7 +474,7 @@ def _device_metadata_fake(
         query, key, value, query_start_loc, seq_lens_kv, block_table,
         block_size, num_heads, num_key_value_heads, max_num_reqs, sparse_mode,
     )
-    out = query.new_empty(_out_shape(query, value))
+    out = query.new_empty(_out_shape(query, value, num_key_value_heads or num_heads))
     lse = query.new_empty(_lse_shape(query, True), dtype=torch.float32)
     return out, lse
 
@@ -468,4 +491,6 @@ torch.library.register_fake(f"{NAMESPACE}::fia_device_metadata", _device_metadat
 
 #: Schema names (``func._schema.name``) whose host arguments a task-group update may replace.
 FIA_OP_NAME = f"{NAMESPACE}::npu_fused_infer_attention_score"
-UPDATABLE_OP_NAMES: tuple[str, ...] = (FIA_OP_NAME,)
+#: torch_npu's ``_npu_paged_attention`` (defined in :mod:`harness.ops.paged_attention`).
+PAGED_ATTENTION_OP_NAME = f"{NAMESPACE}::npu_paged_attention"
+UPDATABLE_OP_NAMES: tuple[str, ...] = (FIA_OP_NAME, PAGED_ATTENTION_OP_NAME)

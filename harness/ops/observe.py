@@ -43,6 +43,9 @@ class FiaCall:
     relaxed_ok: bool
     error: str | None
     tags: dict[str, Any] = field(default_factory=dict, hash=False)
+    #: ``"TND"`` (cumulative query lengths, T = query rows) or ``"BNSD"`` (per-batch lengths,
+    #: T = the batch B); the last-element rule exists only for TND.
+    layout: str = "TND"
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""CPU reference math for paged, TND-layout attention (the body of the FIA kernels).
+"""CPU reference math for paged TND and dense BNSD attention (the body of the FIA kernels).
 
 The harness compares eager runs with graph replays *bitwise*, so this code is written for
 determinism and batch invariance rather than speed:
@@ -201,3 +201,47 @@ def paged_attention_from_device_bounds(
     out = torch.where(seen, out, torch.zeros_like(out))
     lse = row_max + torch.log(denom)
     return out.reshape(T, num_heads, -1).to(query.dtype), lse.reshape(T, num_heads, 1)
+
+
+def as_4d_paged_cache(cache: Tensor, num_kv_heads: int) -> Tensor:
+    """The 4-D view ``[num_blocks, block_size, N_kv, D]`` of a paged cache given 4-D or flat 3-D.
+
+    vLLM Ascend passes ``key_cache.view(num_blocks, block_size, -1)``; the kernel splits the
+    last dim back into heads, which is a view (no copy) of the same memory.
+    """
+    if cache.dim() == 4:
+        return cache
+    return cache.view(cache.shape[0], cache.shape[1], num_kv_heads, cache.shape[2] // num_kv_heads)
+
+
+def dense_bnsd_attention_into(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    q_lens: list[int],
+    kv_lens: list[int],
+    *,
+    scale: float,
+    causal: bool,
+    out: Tensor,
+    lse: Tensor | None,
+) -> None:
+    """Dense BNSD attention: batch b's first ``q_lens[b]`` query rows over its first ``kv_lens[b]`` keys.
+
+    ``query`` ``[B, N, S, D]``, ``key``/``value`` ``[B, N_kv, S_kv, D]``; ``out`` ``[B, N, S, Dv]``,
+    ``lse`` ``[B, N, S, 1]``. Rows beyond ``q_lens[b]`` are padding: 0 and ``-inf``. Each batch is
+    computed alone from fresh float32 copies, as in :func:`paged_attention_into`.
+    """
+    out.zero_()
+    if lse is not None:
+        lse.fill_(float("-inf"))
+    for b, (q_len, kv_len) in enumerate(zip(q_lens, kv_lens)):
+        if q_len <= 0 or kv_len <= 0:
+            continue
+        q = _fresh_float32(query[b, :, :q_len])
+        k = _fresh_float32(key[b, :, :kv_len])
+        v = _fresh_float32(value[b, :, :kv_len])
+        o, s = attend_request(q, k, v, scale=scale, causal=causal)
+        out[b, :, :q_len].copy_(o)
+        if lse is not None:
+            lse[b, :, :q_len, 0].copy_(s)

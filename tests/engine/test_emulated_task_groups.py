@@ -80,8 +80,13 @@ def test_auto_dispatch_update(npu):
     g.replay()
     npu.synchronize()
     assert b[:, 0].tolist() == [10.0, 21.0]
+    # torch_npu (graphs.py update_capture_record) applies a lone dict to every recorded op.
+    g.update(cpu_update_input=[{"factors": [3, 1]}])
+    g.replay()
+    npu.synchronize()
+    assert b[:, 0].tolist() == [9.0, 1.0]
     with pytest.raises(TaskUpdateError, match="2 updatable op"):
-        g.update(cpu_update_input=[{"factors": [1, 1]}])
+        g.update(cpu_update_input=[{"factors": [1, 1]}] * 3)
     with pytest.raises(TaskUpdateError, match="no argument 'scale'"):
         g.update(cpu_update_input=[{"scale": 1}, {"factors": [1, 1]}])
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from harness.engine import CaptureError, StreamBudgetError, StreamConfig, TaskUpdateError
+from harness.engine import CaptureError, GraphHangError, StreamBudgetError, StreamConfig, TaskUpdateError
 from harness.ops.attention import LayerTask, capture_task_group, update_task_group
 from harness.engine.emulated.recorder import OpNode
 from harness.model import ModelConfig, PagedKVCache, build_model, make_eager_attend
@@ -159,11 +159,16 @@ def test_aclgraph_update_auto_dispatch_capture(npu, shape, form):
         g.replay()
         npu.synchronize()
     assert torch.equal(out, eager_new[0]) and torch.equal(lse, eager_new[1])
-    # The update persists: a second replay with no further update runs [100] again.
+    # torch_npu's dispatch mode captured an event wait before FIA and update() records it: the
+    # update persists, but a second replay needs another update() or it never finishes.
     out.fill_(float("nan"))
+    g.update(cpu_update_input=[{}])
     g.replay()
     npu.synchronize()
     assert torch.equal(out, eager_new[0])
+    g.replay()
+    with pytest.raises(GraphHangError, match=r"waits at node #\d+ \(before harness::npu_fused_infer_attention_score"):
+        npu.synchronize()
 
 
 def test_fia_capture_records_one_node_in_its_task_group(npu):

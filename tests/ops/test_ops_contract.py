@@ -123,7 +123,7 @@ ALWAYS_REJECTED: dict[str, tuple[dict[str, Any], str]] = {
     "heads_not_divisible": (dict(num_heads=4, num_key_value_heads=3), "must be divisible"),
     "empty_lists": (dict(actual_seq_lengths=[], actual_seq_lengths_kv=[]), "at least one request"),
     "missing_lists": (dict(actual_seq_lengths=None), "actual_seq_lengths: is required"),
-    "bad_layout": (dict(input_layout="BSH"), "input_layout: only 'TND'"),
+    "bad_layout": (dict(input_layout="BSH"), "input_layout: the harness models TND and BNSD, got 'BSH'"),
     "bad_sparse_mode": (dict(sparse_mode=2), "sparse_mode: only 0"),
 }
 

@@ -15,6 +15,7 @@ from ..protocol import Capabilities, StreamConfig
 from .device import EmulatedDevice
 from .graph import NPUGraph as _NPUGraph
 from .graph import TaskGroupHandle, TaskUpdateMode, bound_arguments, graph_context, task_group_begin, task_group_end
+from . import rng
 from .pool import PoolHandle
 from .recorder import OpNode, register_updatable_op
 from .streams import ExternalEvent
@@ -91,6 +92,23 @@ def graph_task_update_end(stream: _Stream) -> None:
     stream.launch_host_fn("task update", mode.apply)
 
 
+# -- random numbers (torch_npu's graph-safe RNG rules: see .rng) ------------------------------
+def manual_seed(seed: int) -> None:
+    rng.manual_seed(_device.capturing, seed)
+
+
+def initial_seed() -> int:
+    return rng.initial_seed()
+
+
+def get_rng_state(device: Any = "npu"):
+    return rng.get_rng_state(_device.capturing)
+
+
+def set_rng_state(new_state, device: Any = "npu") -> None:
+    rng.set_rng_state(_device.capturing, new_state)
+
+
 # -- streams ----------------------------------------------------------------------------------
 def Stream(priority: int = 0) -> _Stream:  # noqa: N802,F811 - torch.npu.Stream() constructs a stream
     del priority
@@ -120,6 +138,7 @@ __all__ = [
     "ExternalEvent", "NPUGraph", "Stream", "current_stream", "graph", "graph_pool_handle",
     "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
     "graph_task_update_end", "register_updatable_op", "stream", "synchronize",
+    "manual_seed", "initial_seed", "get_rng_state", "set_rng_state",
 ]
 
 

@@ -11,6 +11,7 @@ import torch
 
 from ..errors import CaptureError, EngineError, TaskUpdateError
 from .device import COMM_NAMESPACES, EmulatedDevice
+from . import dispatch_mode, rng
 from .pool import PoolHandle
 from .recorder import (Capture, CaptureMode, EmulatorDispatchMode, OpNode, _frozen, patch_host_reads,
                        replay_steps)
@@ -162,6 +163,9 @@ class NPUGraph:
             return 0
         return self._capture.pool.graph_bytes.get(self.name, 0)
 
+    def register_generator_state(self, generator: torch.Generator) -> None:
+        rng.register_generator_state(self, generator)
+
     def update(self, cpu_update_input: list[dict[str, Any]]) -> None:
         """Replace host arguments of the ops recorded by ``auto_dispatch_capture``, in order."""
         capture = self._capture
@@ -170,6 +174,7 @@ class NPUGraph:
         if not capture.auto_dispatch:
             raise TaskUpdateError(f"update() needs a graph captured with auto_dispatch_capture=True ({self.name})")
         groups = [capture.groups[g] for g in sorted(capture.groups)]
+        cpu_update_input = dispatch_mode.broadcast(cpu_update_input, len(groups))
         if len(cpu_update_input) != len(groups):
             raise TaskUpdateError(
                 f"update of {self.name}: {len(cpu_update_input)} input dict(s) for {len(groups)} updatable op(s)"
@@ -179,6 +184,7 @@ class NPUGraph:
             for index in indices:
                 node = capture.nodes[index]
                 for name, value in values.items():
+                    value = dispatch_mode.host_value(node.func, name, value)
                     if isinstance(value, torch.Tensor):
                         raise TaskUpdateError(f"update of {self.name}: {name!r} is a tensor; only host values update")
                     if name not in bound_arguments(node.func, node.args, node.kwargs) and name not in {
@@ -191,7 +197,7 @@ class NPUGraph:
             for node, name, value in changes:
                 node.replace_argument(name, value)
 
-        self._device.current_stream.launch_host_fn(f"update of {self.name}", apply)
+        dispatch_mode.launch_update(self._device, capture, apply)
 
 
 def _communication_groups(capture: Capture) -> set[str]:

@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from ..errors import CAPTURE_SYNC_MESSAGE, CaptureError
+from . import dispatch_mode, rng
 from .pool import Block, MemoryPool
 from .streams import ExternalEvent, WaitFor
 
@@ -294,11 +295,15 @@ class Capture:
         info = _OP_INFO.get(func) or _op_info(func)
         if info.guarded:
             self._guard(func, info, args)
+        # Allowed? Which generator must the replay draw from? (see .rng)
+        generator = rng.random_op_generator(self, info.name, kwargs) if info.rng else None
         if info.inplace_view:  # metadata-only (t_, squeeze_): apply now, never again
             return func(*args, **kwargs)
 
         node = OpNode(len(self.nodes), func, _frozen_args(args), _frozen(kwargs) if kwargs else {},
                       "functional")
+        if generator is not None:
+            node.kwargs["generator"] = generator  # live, not a frozen copy: replays advance it
         if info.writes:
             node.kind = "mutating"
             result = self._aliased_returns(func, args, kwargs)
@@ -315,20 +320,13 @@ class Capture:
         return result
 
     def _guard(self, func: torch._ops.OpOverload, info: _OpInfo, args: tuple) -> None:
-        """Host syncs and RNG: what a capture must refuse."""
+        """Host syncs: what a capture must refuse (random ops: :func:`.rng.random_op_generator`)."""
         if info.host_returns:
             self.host_sync(f"{info.name} returns a host value")
         if info.data_dependent:
             self.host_sync(f"{info.name} has a data-dependent result")
         if info.name in _BOOL_INDEX_OPS and _has_bool_index(args):
             self.host_sync(f"boolean-mask indexing ({info.name})")
-        if info.rng and not self.allow_rng:
-            error = CaptureError(
-                f"{info.name} draws random numbers inside the capture of {self.graph_name}; a real "
-                "graph must register the generator state (pass allow_rng=True to capture it)"
-            )
-            self.failed = self.failed or error
-            raise error
 
     def _add(self, node: OpNode, name: str) -> None:
         if self._open_group is not None:
@@ -336,6 +334,8 @@ class Capture:
         elif self.auto_dispatch and name in UPDATABLE_OPS:
             node.group = len(self.groups)
             self.groups[node.group] = []
+            dispatch_mode.guard_with_event(self, node.group)  # torch_npu waits per dispatched op
+            node.index = len(self.nodes)
         if node.group is not None:
             self.groups[node.group].append(node.index)
         self.nodes.append(node)
@@ -457,6 +457,8 @@ def replay_steps(nodes: list[Node], label: str) -> Iterator[WaitFor]:
     """The device side of a replay: run the tape, stopping at event waits."""
     for node in nodes:
         if isinstance(node, OpNode):
+            node.run()
+        elif node.kind == "rng":  # save/restore a generator state (.rng)
             node.run()
         elif node.kind == "wait":
             if not node.event.is_recorded:
