@@ -19,7 +19,7 @@ import torch
 
 import harness
 from harness.checks import CHECKS, EXECUTION, CheckResult, run_checks
-from harness.engine import StreamConfig, load, resolve
+from harness.engine import StreamConfig, UnsupportedOnBackend, load, resolve
 from harness.features import active_features
 from harness.graph.capture_sizes import resolve_capture_sizes
 from harness.graph.modes import parse_mode
@@ -59,14 +59,27 @@ class ItemResult:
 
 
 def environment(backend: str) -> dict[str, str]:
-    engine = load(backend)
+    try:
+        engine = load(backend)
+        name, device = engine.name, engine.device_name()
+    except UnsupportedOnBackend as error:  # every item then fails with this reason
+        name, device = backend, f"unavailable: {error}"
     return {
         "harness": harness.__version__,
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "python": platform.python_version(),
-        "backend": engine.name,
-        "device": engine.device_name(),
+        "backend": name,
+        "device": device,
     }
+
+
+def backend_problem(backend: str) -> str | None:
+    """Why ``backend`` cannot run here (torch_npu absent, no CUDA device), else None."""
+    try:
+        load(backend)
+    except UnsupportedOnBackend as error:
+        return str(error)
+    return None
 
 
 def unsupported_reason(scenario: Scenario) -> str | None:
@@ -190,6 +203,10 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
         result.verdict = f"unsupported by design: {scenario.expect.skip}"
         return result
     started = time.perf_counter()
+    problem = backend_problem(resolved)
+    if problem:  # one line per item, no traceback: the option is wrong for this machine
+        result.outcome, result.verdict = FAILED, f"backend unavailable: {problem}"
+        return result
     try:
         reason = unsupported_reason(scenario)
         if reason:
@@ -202,6 +219,9 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
         else:
             result.record, result.checks = run_rank(scenario, resolved)
         result.outcome, result.verdict = decide(scenario.expect, result.checks)
+        if result.outcome == PASSED and not result.record.steps:
+            result.outcome = FAILED
+            result.verdict = "nothing was compared: no step ran, so no check saw any evidence"
     except Exception as error:  # noqa: BLE001 - a crash is this item's result, never the suite's
         result.outcome = FAILED
         result.verdict = f"harness error: {type(error).__name__}: {error}"
