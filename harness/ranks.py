@@ -59,6 +59,10 @@ LOG_TAIL_BYTES = 20_000
 KILL_GRACE_S = 2.0
 """Time between SIGTERM and SIGKILL when ending a rank."""
 
+STARTUP_TIMEOUT_S = 300.0
+"""How long the ranks may take to start (interpreter, ``import torch``, process group) before
+``timeout`` starts counting: start-up time depends on machine load, not on ``fn``."""
+
 _POLL_S = 0.1
 """How often the parent looks for a result file from a rank that is still alive."""
 
@@ -91,6 +95,7 @@ class RanksOutcome:
     duration: float
     logs: list[str] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
+    startup: float = 0.0  # seconds until every rank was ready (process group up); in duration
 
     def report(self) -> str:
         """Human-readable account of the failures, with each failed rank's log tail."""
@@ -120,8 +125,10 @@ def run_ranks(
 
     Each rank initialises a ``torch.distributed`` process group (``backend``, FileStore in a fresh
     temp dir), runs ``fn`` with one intra-op thread, destroys the group and sends back the
-    (picklable) return value. ``timeout`` is wall-clock seconds for the whole run, counted from
-    the start of the first process (interpreter start-up and ``import torch`` included). After the
+    (picklable) return value. ``timeout`` is wall-clock seconds counted from the moment every
+    rank is ready (its process group initialised), so a loaded machine's slow interpreter start
+    and ``import torch`` never eat into it; start-up itself may take up to
+    :data:`STARTUP_TIMEOUT_S`. After the
     first failure the remaining ranks get ``grace`` seconds before they are ended. ``env`` is set
     in every rank before torch is imported there.
 
@@ -133,7 +140,7 @@ def run_ranks(
     payload = pickle.dumps((fn, tuple(args)))  # fails here, clearly, if fn is not importable
     # The rank's group timeout is a last resort (e.g. our own parent gone); the parent's
     # deadline should always fire first, so give gloo/NCCL generously more.
-    group_timeout_s = timeout + grace + 60.0
+    group_timeout_s = timeout + grace + 60.0 + STARTUP_TIMEOUT_S
     ctx = multiprocessing.get_context("spawn")
     workdir = tempfile.mkdtemp(prefix="graph-harness-ranks-")
     procs: list[BaseProcess] = []
@@ -147,7 +154,7 @@ def run_ranks(
             )
             p.start()
             procs.append(p)
-        results, failures = _supervise(procs, workdir, start + timeout, timeout, grace)
+        results, failures, ready_at = _supervise(procs, workdir, start, timeout, grace)
         _end_all(procs)
         logs = [_log_tail(workdir, r) for r in range(world_size)]
         failures = [
@@ -161,6 +168,7 @@ def run_ranks(
             duration=time.monotonic() - start,
             logs=logs,
             pids=[p.pid for p in procs],
+            startup=(ready_at if ready_at is not None else time.monotonic()) - start,
         )
     finally:
         _end_all(procs)  # also on KeyboardInterrupt / unexpected errors in the parent
@@ -217,17 +225,24 @@ def run_in_process(
 
 
 def _supervise(
-    procs: list[BaseProcess], workdir: str, deadline: float, timeout: float, grace: float
-) -> tuple[list[Any | None], list[RankFailure]]:
-    """Wait for every rank to report or die; stop at the deadline or ``grace`` after a failure."""
+    procs: list[BaseProcess], workdir: str, start: float, timeout: float, grace: float
+) -> tuple[list[Any | None], list[RankFailure], float | None]:
+    """Wait for every rank to report or die; stop at the deadline (``timeout`` after every rank
+    is ready) or ``grace`` after a failure. Also returns when the ranks were all ready."""
     n = len(procs)
     results: list[Any | None] = [None] * n
     failures: list[RankFailure] = []
     pending = set(range(n))
     first_failed: int | None = None
+    ready_at: float | None = None
+    deadline = start + STARTUP_TIMEOUT_S + timeout
     stop_at = deadline
     while pending:
         now = time.monotonic()
+        if ready_at is None and all(os.path.exists(_ready_path(workdir, r)) for r in range(n)):
+            ready_at = now
+            deadline = now + timeout
+            stop_at = min(stop_at, deadline)
         if now >= stop_at:
             break
         multiprocessing.connection.wait(
@@ -268,9 +283,11 @@ def _supervise(
             f"ended after rank {first_failed} failed (grace {grace:g}s)"
             if first_failed is not None and time.monotonic() < deadline
             else f"did not finish within the {timeout:g}s timeout"
+            if ready_at is not None
+            else f"the ranks were not all ready within the {STARTUP_TIMEOUT_S:g}s start-up limit"
         )
         failures.append(RankFailure(r, "timeout", msg))
-    return results, failures
+    return results, failures, ready_at
 
 
 def _end_all(procs: list[BaseProcess]) -> None:
@@ -319,6 +336,10 @@ def _exit_message(code: int | None) -> str:
 
 def _log_path(workdir: str, rank: int) -> str:
     return os.path.join(workdir, f"rank{rank}.log")
+
+
+def _ready_path(workdir: str, rank: int) -> str:
+    return os.path.join(workdir, f"rank{rank}.ready")
 
 
 def _result_path(workdir: str, rank: int) -> str:
@@ -381,6 +402,7 @@ def _rank_main(
             world_size=world_size,
             timeout=datetime.timedelta(seconds=group_timeout_s),
         )
+        open(_ready_path(workdir, rank), "wb").close()  # the parent's timeout starts now
         result = fn(rank, world_size, *args)
         dist.destroy_process_group()
         data = pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
