@@ -7,6 +7,7 @@ subclass whose ``name`` is its key under a scenario's ``features:``.
 
 from __future__ import annotations
 
+import sys
 from importlib.metadata import entry_points
 from typing import Any, Mapping
 
@@ -20,13 +21,23 @@ ENTRY_POINT_GROUP = "graph_harness.features"
 BUILTIN: tuple[type[Feature], ...] = (SequenceParallel, DataParallel, SpeculativeDecoding, ContextParallel)
 
 
+_REGISTRY_CACHE: dict[tuple[str, ...], dict[str, type[Feature]]] = {}
+
+
 def registry() -> dict[str, type[Feature]]:
-    """Feature classes by name: the built-ins, then any installed through entry points."""
-    found = {cls.name: cls for cls in BUILTIN}
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        cls = entry.load()
-        found.setdefault(cls.name, cls)
-    return found
+    """Feature classes by name: the built-ins, then any installed through entry points.
+
+    Scanning the installed distributions costs milliseconds, and collection asks once per
+    matrix point, so the answer is kept per ``sys.path`` (a changed path scans again)."""
+    key = tuple(sys.path)
+    found = _REGISTRY_CACHE.get(key)
+    if found is None:
+        found = {cls.name: cls for cls in BUILTIN}
+        for entry in entry_points(group=ENTRY_POINT_GROUP):
+            cls = entry.load()
+            found.setdefault(cls.name, cls)
+        _REGISTRY_CACHE[key] = found
+    return dict(found)
 
 
 def active_features(features: Mapping[str, Any], fixes: Mapping[str, bool]) -> list[Feature]:

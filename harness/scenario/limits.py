@@ -14,8 +14,9 @@ from __future__ import annotations
 # -- the file itself (checked before and while parsing the YAML) --------------------------------
 MAX_FILE_BYTES = 1024 * 1024
 """A scenario file is at most 1 MiB."""
-MAX_VALUES = 20_000
-"""Values (scalars, mappings, sequences) in a file, each alias counted as what it expands to."""
+MAX_VALUES = 50_000
+"""Values in a file: scalars (mapping keys included), mappings and sequences, each alias counted
+as what it expands to."""
 MAX_DEPTH = 32
 """Nesting levels of mappings and sequences (through aliases)."""
 MAX_INT_DIGITS = 30

@@ -578,8 +578,8 @@ def _size_issue(matrix: Mapping[str, list[Any]] | None, values: int) -> str | No
     if points > MAX_MATRIX_POINTS:
         return f"the matrix has {points} points ({shape}), above the maximum of {MAX_MATRIX_POINTS}"
     if points * values > MAX_MATRIX_WORK:
-        return (f"{points} matrix points ({shape}) of a {values}-value file are {points * values} "
-                f"values to validate, above the maximum of {MAX_MATRIX_WORK}")
+        return (f"the matrix has {points} points ({shape}) of {values} values each: "
+                f"{points * values} values to validate, above the maximum of {MAX_MATRIX_WORK}")
     return None
 
 

@@ -168,11 +168,13 @@ def _compose(text: str, path: str) -> tuple[Node | None, list[tuple[Loc, int, st
             top.items.append((top.key, node))
             top.key = None
 
-    def count(n: int, event: ev.Event, what: str) -> None:
+    def count(n: int, event: ev.Event, alias: str | None = None) -> None:
         nonlocal total
         total += n
         if total > MAX_VALUES:
-            raise _fail(f"{what} the file beyond the maximum of {MAX_VALUES} values", path, _line(event))
+            what = f"alias *{alias} expands the file beyond" if alias else "the file has more than"
+            raise _fail(f"{what} the maximum of {MAX_VALUES} values (scalars, keys included, "
+                        "mappings and sequences)", path, _line(event))
 
     def register(anchor: str | None, node: Node, size: int, height: int, event: ev.Event) -> None:
         if anchor is None:
@@ -199,7 +201,7 @@ def _compose(text: str, path: str) -> tuple[Node | None, list[tuple[Loc, int, st
             if len(stack) + height > MAX_DEPTH:
                 raise _fail(f"alias *{name} nests the file deeper than the maximum of {MAX_DEPTH} "
                             "levels", path, _line(event))
-            count(size, event, f"alias *{name} expands")
+            count(size, event, alias=name)
             attach(node, size, height)
         elif isinstance(event, ev.ScalarEvent):
             tag = event.tag
@@ -209,7 +211,7 @@ def _compose(text: str, path: str) -> tuple[Node | None, list[tuple[Loc, int, st
                 raise _fail(f"integer of {len(event.value)} characters is above the maximum of "
                             f"{MAX_INT_DIGITS} digits", path, _line(event), _fmt(child_loc()))
             node = ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)
-            count(1, event, "this value takes")
+            count(1, event)
             register(event.anchor, node, 1, 1, event)
             attach(node, 1, 1)
         elif isinstance(event, (ev.SequenceStartEvent, ev.MappingStartEvent)):
@@ -222,7 +224,7 @@ def _compose(text: str, path: str) -> tuple[Node | None, list[tuple[Loc, int, st
             if len(stack) + 1 > MAX_DEPTH:
                 raise _fail(f"the file nests deeper than the maximum of {MAX_DEPTH} levels", path,
                             _line(event))
-            count(1, event, "this value takes")
+            count(1, event)
             loc = child_loc()
             if event.anchor is not None:
                 if event.anchor in anchors or event.anchor in open_anchors:
