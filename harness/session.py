@@ -34,6 +34,7 @@ from harness.model.parallel import ParallelContext
 from harness.ops import use_torch_npu
 from harness.ranks import run_ranks
 from harness.scenario import Scenario, ScenarioPoint
+from harness.scenario.limits import MAX_WORLD_SIZE
 
 #: Outcomes, in pytest's vocabulary.
 PASSED, FAILED, XFAILED, SKIPPED = "passed", "failed", "xfailed", "skipped"
@@ -213,6 +214,8 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
             result.verdict = reason
             return result
         world = world_size(scenario)
+        if world > MAX_WORLD_SIZE:  # collection refuses it; a direct caller gets this
+            raise ValueError(f"{world} ranks requested, above the maximum world size of {MAX_WORLD_SIZE}")
         if world > 1:
             result.checks, result.record, notes = _run_ranks(scenario, resolved, world)
             result.record.notes.extend(notes)
