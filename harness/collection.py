@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.graph.modes import parse_mode
 from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, load_scenario_file, locate
-from harness.scenario.limits import MAX_WORLD_SIZE
+from harness.scenario.bounds import MAX_WORLD_SIZE
 from harness.scenario.yaml_source import compose_text, read_source
 
 __all__ = ["collect_points", "names_a_mode", "parse_modes", "preflight_point"]
@@ -78,11 +78,13 @@ def collect_points(path: str | Path, modes: list[str] | None = None) -> list[tup
 
 def preflight_point(path: str | Path, point: ScenarioPoint) -> None:
     """Problems only the harness can see, located like the loader's errors."""
-    from harness.session import preflight, world_size
+    from harness.session import preflight, unsupported_reason, world_size
 
-    problem = preflight(point.scenario)
-    if problem is None:
-        world = world_size(point.scenario)
+    scenario = point.scenario
+    problem = preflight(scenario)
+    # a point reported as skipped (by design, or unsupported) starts no process
+    if problem is None and scenario.expect.outcome != "skip" and unsupported_reason(scenario) is None:
+        world = world_size(scenario)
         if world > MAX_WORLD_SIZE:
             problem = ("features", f"the features need {world} ranks (one process each), above the "
                                    f"maximum world size of {MAX_WORLD_SIZE}")

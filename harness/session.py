@@ -34,7 +34,7 @@ from harness.model.parallel import ParallelContext
 from harness.ops import use_torch_npu
 from harness.ranks import run_ranks
 from harness.scenario import Scenario, ScenarioPoint
-from harness.scenario.limits import MAX_WORLD_SIZE
+from harness.scenario.bounds import MAX_WORLD_SIZE
 
 #: Outcomes, in pytest's vocabulary.
 PASSED, FAILED, XFAILED, SKIPPED = "passed", "failed", "xfailed", "skipped"

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ScenarioError, ScenarioFileError, SourceLocation
-from .limits import MAX_MATRIX_POINTS, MAX_MATRIX_WORK, MAX_NAME_CHARS
+from .bounds import MAX_MATRIX_POINTS, MAX_MATRIX_WORK, MAX_NAME_CHARS
 from .schema import (
     ConsistencyError,
     Scenario,

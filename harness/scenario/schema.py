@@ -29,7 +29,7 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
-from . import limits as L
+from . import bounds as L
 
 __all__ = [
     "CHECK_NAMES",

@@ -7,15 +7,15 @@ finishes). Here the node tree is built iteratively from the parser's event strea
 is built:
 
 * each node's expanded size and height are known when it closes, so an alias costs what it
-  expands to and the file is refused as soon as it would exceed :data:`~.limits.MAX_VALUES`
-  values or :data:`~.limits.MAX_DEPTH` levels, at the line of the alias that tips it over;
+  expands to and the file is refused as soon as it would exceed :data:`~.bounds.MAX_VALUES`
+  values or :data:`~.bounds.MAX_DEPTH` levels, at the line of the alias that tips it over;
 * an alias to an anchor that is still open (a recursive alias) is refused;
 * duplicate keys are found once per mapping, when it closes: an aliased mapping was checked
   where it was defined, and merge keys (``<<: *base``) are not keys of their own.
 
 Bytes are decoded as UTF-8 first (an invalid byte is reported with its line) and characters
 YAML forbids are reported with line and column, so no reader error escapes without a line.
-Integer literals longer than :data:`~.limits.MAX_INT_DIGITS` digits are refused before Python
+Integer literals longer than :data:`~.bounds.MAX_INT_DIGITS` digits are refused before Python
 would spend time converting them. The parser is libyaml's when PyYAML has it (fast on a 1 MB
 file); the composer and constructor are PyYAML's ``SafeConstructor`` rules.
 """
@@ -31,7 +31,7 @@ from yaml import events as ev
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .errors import ScenarioError, ScenarioFileError
-from .limits import MAX_DEPTH, MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_VALUES
+from .bounds import MAX_DEPTH, MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_VALUES
 
 __all__ = ["Composed", "compose_text", "decode", "read_source"]
 

@@ -27,9 +27,9 @@ MAX_NAME_CHARS = 100
 """Characters of a scenario name or a matrix ``_id``."""
 
 # -- the matrix (checked before any point is built) ---------------------------------------------
-MAX_MATRIX_POINTS = 1024
+MAX_MATRIX_POINTS = 8192
 """Product of the matrix axis lengths, before ``matrix_exclude``."""
-MAX_MATRIX_WORK = 200_000
+MAX_MATRIX_WORK = 1_000_000
 """Matrix points x values per point: what validating every point costs."""
 
 # -- the model ----------------------------------------------------------------------------------
@@ -64,7 +64,7 @@ MAX_TOKENS = 65_536
 """Prompt, output and per-step token counts, ``max_num_batched_tokens``."""
 
 # -- ranks and engine resources -----------------------------------------------------------------
-MAX_WORLD_SIZE = 8
+MAX_WORLD_SIZE = 16
 """Processes of one multi-rank item: the product of every feature's rank axis (dp x tp x cp)."""
 MAX_STREAM_POOL = 65_536
 MAX_STREAMS_PER_GRAPH = 64
