@@ -254,7 +254,7 @@ class Context:
     def check_backend(self) -> str:
         from harness.engine import resolve
 
-        assert self.engine.name == "cuda" and not self.engine.supports_task_update
+        assert self.engine.name == "cuda" and not self.engine.capabilities.task_updates
         auto = resolve("auto")
         assert auto in ("cuda", "npu"), f"resolve('auto') gave {auto!r} on a CUDA machine"
         return f"load('cuda') ok, resolve('auto') = {auto}, {self.engine.device_name()}"

@@ -34,7 +34,8 @@ import torch  # noqa: E402
 
 from harness.engine import load  # noqa: E402
 from harness.model import ModelConfig, PagedKVCache, build_model, make_eager_attend  # noqa: E402
-from harness.ops import get_max_workspace, npu_fused_infer_attention_score_out, register_updatable_ops  # noqa: E402
+from harness.ops import register_updatable_ops  # noqa: E402
+from harness.ops.attention import AttentionHeads, capture_task_group, fia_kwargs, update_layers  # noqa: E402
 
 CFG = ModelConfig(kind="random", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                   vocab_size=512, block_size=16, num_blocks=65, max_model_len=256, seed=0)
@@ -68,9 +69,8 @@ class DecoderGraph:
         return q, kv
 
     def kwargs(self, q, kv) -> dict:
-        return dict(actual_seq_lengths=q, actual_seq_lengths_kv=kv, block_table=self.table,
-                    block_size=CFG.block_size, num_heads=CFG.num_heads, num_key_value_heads=CFG.num_kv_heads,
-                    scale=self.model.attention_scale, input_layout="TND", sparse_mode=3)
+        heads = AttentionHeads(CFG.block_size, CFG.num_heads, CFG.num_kv_heads, self.model.attention_scale)
+        return fia_kwargs(heads, q, kv, self.table)
 
     def fill(self, n: int, kv_len: int) -> None:
         """n requests, request i owning blocks 1 + i*4 .. 4 + i*4, decoding position kv_len - 1."""
@@ -91,18 +91,9 @@ class DecoderGraph:
         self.fill(n, kv_len)
 
         def attend(layer, query, k, v):
-            stream = npu.current_stream()
-            kw = self.kwargs(q, kv)
-            ws = get_max_workspace(query, k, v, **kw)
-            out = torch.empty_like(query)
-            lse = torch.empty(query.shape[0], query.shape[1], 1, dtype=torch.float32)
-            event = npu.ExternalEvent()
-            event.wait(stream)
-            event.reset(stream)
-            npu.graph_task_group_begin(stream)
-            npu_fused_infer_attention_score_out(query, k, v, **kw, workspace=ws, out=(out, lse))
-            self.layers.append((npu.graph_task_group_end(stream), event, query, out, lse, ws))
-            return out
+            task = capture_task_group(npu, query, k, v, self.kwargs(q, kv))
+            self.layers.append(task)
+            return task.out
 
         self.graph = npu.NPUGraph()
         with npu.graph(self.graph, pool=pool):
@@ -112,14 +103,8 @@ class DecoderGraph:
         npu = self.npu
         q, kv = self.lists(n, kv_len)
         self.graph.replay()
-        stream = self.update_stream
-        with npu.stream(stream):
-            for i, (handle, event, query, out, lse, ws) in enumerate(self.layers):
-                npu.graph_task_update_begin(stream, handle)
-                npu_fused_infer_attention_score_out(query, self.cache.key_cache[i], self.cache.value_cache[i],
-                                                    **self.kwargs(q, kv), workspace=ws, out=(out, lse))
-                npu.graph_task_update_end(stream)
-                event.record(stream)
+        caches = list(zip(self.cache.key_cache, self.cache.value_cache))
+        update_layers(npu, self.update_stream, self.layers, caches, self.kwargs(q, kv))
         npu.synchronize()
         return self.logits
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import html
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,6 @@ from harness.report.results import RECORD_KEY, item_record, metrics, write_resul
 from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint
 
 SCENARIO_DIR = "scenarios"
-FEATURE_MARKERS = {"sp": "sequence parallel (tp > 1)", "dp": "data parallel (size > 1)",
-                   "mtp": "speculative decoding (k > 0)", "cp": "context parallel (size > 1)"}
 _results_key = pytest.StashKey[list]()
 _environment_key = pytest.StashKey[dict]()
 _report_errors_key = pytest.StashKey[list]()
@@ -53,16 +50,22 @@ def selected_modes(config: pytest.Config) -> list[str] | None:
 def pytest_configure(config: pytest.Config) -> None:
     for mode in GRAPH_MODES:
         config.addinivalue_line("markers", f"{mode.lower()}: scenario items running in graph mode {mode}")
-    for name, what in FEATURE_MARKERS.items():
-        config.addinivalue_line("markers", f"{name}: scenario items using {what}")
+    from harness.features import registry
+
+    for name, cls in registry().items():  # every feature's marker, plugins' included
+        if cls.marker:
+            config.addinivalue_line("markers", f"{name}: scenario items using {cls.marker}")
     config.addinivalue_line("markers", "known_bad: scenarios built to fail the named checks")
     selected_modes(config)  # a bad --mode is a usage error before collection
     # One bad scenario file is a collection error for that file only; the rest still runs.
     config.option.continue_on_collection_errors = True
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        import torch
+    import torch
 
-        torch.set_num_threads(1)  # two workers on two cores: no oversubscription
+    # One intra-op thread, with or without -n: the harness's ops are tiny, and on a loaded
+    # machine every multi-threaded op waits milliseconds for its threads (profiled: a 15 us
+    # bmm took 5 to 10 ms with 2 threads). Replay and eager share the process, so equality
+    # is unaffected.
+    torch.set_num_threads(1)
     config.stash[_results_key] = []
     config.pluginmanager.register(ResultsCollector(config), "graph-harness-results")
     _describe_environment(config)
@@ -126,11 +129,15 @@ class ScenarioItem(pytest.Item):
         self.point = point
         scenario = point.scenario
         self.add_marker(scenario.graph.mode.lower())
-        features = scenario.features
-        for name, on in (("sp", features.sp.tp > 1), ("dp", features.dp.size > 1), ("mtp", features.mtp.k > 0),
-                         ("cp", features.cp.size > 1)):
-            if on:
-                self.add_marker(name)
+        from harness.session import scenario_features
+
+        try:
+            active = scenario_features(scenario)
+        except ValueError:  # an unknown feature: preflight has reported it already
+            active = []
+        for feature in active:
+            if feature.marker:
+                self.add_marker(feature.name)
         if scenario.expect.outcome == "fail":
             self.add_marker("known_bad")
         self.record: dict[str, Any] | None = None

@@ -8,7 +8,6 @@ call :func:`run_point` alike.
 
 from __future__ import annotations
 
-import math
 import platform
 import time
 import traceback
@@ -20,19 +19,21 @@ import torch
 import harness
 from harness.checks import CHECKS, EXECUTION, CheckResult, run_checks
 from harness.engine import StreamConfig, UnsupportedOnBackend, load, resolve
-from harness.features import active_features
+from harness import features as registry
+from harness.features import Feature, active_features
+from harness.features.layout import axis_sizes, describe, rank_context
 from harness.graph.capture_sizes import resolve_capture_sizes
 from harness.graph.modes import parse_mode
-from harness.graph.pipeline import PipelineSpec, Workload, run_pipeline
-from harness.graph.record import PathError, RunRecord
-from harness.graph.runner import Fixes, GraphConfig
+from harness.graph.pipeline import GraphConfig, PipelineSpec, Workload, run_pipeline
+from harness.graph.record import ErrorCategory, PathError, RunRecord
+from harness.graph.runner import Fixes
 from harness.graph.scheduler import RequestPlan
 from harness.graph.stream_budget import stream_budget
 from harness.graph.shape import SINGLE_RANK, RankContext
 from harness.model import DecoderLM, ModelConfig
 from harness.model.parallel import ParallelContext
-from harness.ops import use_torch_npu
 from harness.ranks import run_ranks
+from harness.ops import set_native_impl
 from harness.scenario import Scenario, ScenarioPoint
 from harness.scenario.bounds import MAX_WORLD_SIZE
 
@@ -93,8 +94,10 @@ def unsupported_reason(scenario: Scenario) -> str | None:
     return None
 
 
-def scenario_features(scenario: Scenario) -> list[Any]:
-    return active_features(scenario.features.model_dump(), scenario.fixes.model_dump())
+def scenario_features(scenario: Scenario) -> list[Feature]:
+    """The scenario's enabled features, each with its typed settings and fix switches."""
+    settings = {name: getattr(scenario.features, name) for name in scenario.features.model_dump()}
+    return active_features(settings, scenario.fixes.model_dump())
 
 
 def model_config(scenario: Scenario) -> ModelConfig:
@@ -105,15 +108,17 @@ def model_config(scenario: Scenario) -> ModelConfig:
                        max_model_len=m.max_model_len)
 
 
-def capture_sizes(scenario: Scenario, features: list[Any]) -> tuple[list[int], dict[str, Any]]:
-    """The base rule, every feature's filter, then the stream-budget policy (with its decision)."""
+def capture_sizes(scenario: Scenario, features: list[Feature]) -> tuple[list[int], dict[str, Any]]:
+    """The capture sizes of a run, composed once from the base rule and every active feature's
+    constraints (graph.capture_sizes), then the stream-budget policy (with its decision).
+    Preflight and the run both call this, so what passes preflight is what runs."""
     g = scenario.graph
-    sizes = resolve_capture_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform, num_speculative_tokens=0,
+    sizes = resolve_capture_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform,
+                                  num_speculative_tokens=registry.uniform_decode_query_len(features) - 1,
                                   capture_sizes=g.capture_sizes, max_capture_size=g.max_capture_size,
-                                  max_num_batched_tokens=scenario.workload.max_num_batched_tokens)
-    for feature in features:
-        sizes = feature.capture_sizes(sizes, max(sizes))
-    budget = stream_budget(scenario.engine.budget_policy, sizes, **_legacy_inputs(scenario))
+                                  max_num_batched_tokens=scenario.workload.max_num_batched_tokens,
+                                  constraints=registry.size_constraints(features))
+    budget = stream_budget(scenario.engine.budget_policy, sizes, **_legacy_inputs(scenario, features))
     return budget.sizes_kept, asdict(budget)
 
 
@@ -121,18 +126,19 @@ def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[Pipe
     g, w = scenario.graph, scenario.workload
     model = model_config(scenario)
     features = scenario_features(scenario)
-    k = sum(feature.extra_query_tokens() for feature in features)  # draft tokens per request
+    q = registry.uniform_decode_query_len(features)
     sizes, budget = capture_sizes(scenario, features)
-    fixes = Fixes(fia_padding=scenario.fixes.fia_padding, host_param_update=scenario.fixes.host_param_update,
-                  static_inputs=scenario.fixes.static_inputs)
-    graph = GraphConfig(parse_mode(g.mode), tuple(sizes), g.max_num_seqs, 1 + k, g.warmup_runs, fixes)
+    fixes = Fixes(host_param_update=scenario.fixes.host_param_update, static_inputs=scenario.fixes.static_inputs)
+    graph = GraphConfig(parse_mode(g.mode), tuple(sizes), g.max_num_seqs, q, g.warmup_runs,
+                        scenario.fixes.fia_padding, fixes)
     if w.requests is not None:
         plans: list[RequestPlan] = []
         for request in w.requests:
             for _ in range(request.repeat):
                 plans.append(RequestPlan(f"r{len(plans)}", request.prompt_len, request.output_len,
                                          request.arrival_step))
-        plans = dp_share(plans, ctx, scenario.features.dp.batches)
+        for feature in features:
+            plans = feature.share_requests(plans, ctx)
         workload = Workload(requests=tuple(plans), max_num_batched_tokens=w.max_num_batched_tokens,
                             prompt_seed=w.prompt_seed)
     else:
@@ -140,30 +146,16 @@ def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[Pipe
         workload = Workload(explicit=batches, max_num_batched_tokens=w.max_num_batched_tokens,
                             prompt_seed=w.prompt_seed)
     spec = PipelineSpec(model, graph, workload, scenario.steps, scenario.fia_contract, tuple(features),
-                        num_speculative_tokens=k)
+                        num_speculative_tokens=q - 1)
     return spec, sizes, budget
 
 
-def _legacy_inputs(scenario: Scenario) -> dict[str, Any]:
-    """What the legacy budget formula of vLLM Ascend reads from a deployment."""
+def _legacy_inputs(scenario: Scenario, features: list[Feature]) -> dict[str, Any]:
+    """What the legacy budget formula of vLLM Ascend reads from a deployment (features add theirs)."""
     if scenario.engine.budget_policy != "legacy":
         return {}
-    f = scenario.features
     return dict(num_layers=scenario.model.layers, mode=parse_mode(scenario.graph.mode),
-                draft_layers=1 if f.mtp.k else 0, dp=f.dp.size, tp=f.sp.tp, dcp=f.cp.size,
-                hccl_mode=scenario.engine.hccl_mode)
-
-
-def dp_share(plans: list[RequestPlan], ctx: RankContext, batches: str) -> list[RequestPlan]:
-    """This DP rank's requests: round robin, or (unequal) rank 0 takes two thirds of them."""
-    if ctx.dp == 1:
-        return plans
-    if batches == "equal":
-        return plans[ctx.dp_rank :: ctx.dp]
-    cut = -(-2 * len(plans) // 3)
-    if ctx.dp_rank == 0:
-        return plans[:cut]
-    return plans[cut:][ctx.dp_rank - 1 :: ctx.dp - 1]
+                hccl_mode=scenario.engine.hccl_mode, **registry.budget_inputs(features))
 
 
 def decide(expect, checks: dict[str, CheckResult]) -> tuple[str, str]:
@@ -213,11 +205,12 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
         if reason:
             result.verdict = reason
             return result
-        world = world_size(scenario)
+        features = scenario_features(scenario)
+        world = registry.world_size(features)
         if world > MAX_WORLD_SIZE:  # collection refuses it; a direct caller gets this
             raise ValueError(f"{world} ranks requested, above the maximum world size of {MAX_WORLD_SIZE}")
         if world > 1:
-            result.checks, result.record, notes = _run_ranks(scenario, resolved, world)
+            result.checks, result.record, notes = _run_ranks(scenario, resolved, features)
             result.record.notes.extend(notes)
         else:
             result.record, result.checks = run_rank(scenario, resolved)
@@ -225,6 +218,8 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
         if result.outcome == PASSED and not result.record.steps:
             result.outcome = FAILED
             result.verdict = "nothing was compared: no step ran, so no check saw any evidence"
+    except UnsupportedOnBackend as error:  # a setting this backend refuses: not a finding
+        result.outcome, result.verdict = SKIPPED, f"unsupported on {resolved}: {error}"
     except Exception as error:  # noqa: BLE001 - a crash is this item's result, never the suite's
         result.outcome = FAILED
         result.verdict = f"harness error: {type(error).__name__}: {error}"
@@ -255,15 +250,15 @@ def preflight(scenario: Scenario) -> tuple[str, str] | None:
 
 
 def world_size(scenario: Scenario) -> int:
-    return math.prod(feature.ranks() for feature in scenario_features(scenario))
+    return registry.world_size(scenario_features(scenario))
 
 
 def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK) -> tuple[RunRecord, dict[str, CheckResult]]:
     """One rank's whole job: build, run the pipeline, check."""
     spec, sizes, budget = build_spec(scenario, ctx)
     engine = load(backend)
-    if engine.name == "npu":
-        use_torch_npu()  # FIA on the device is torch_npu's own op, host check included
+    if engine.capabilities.native_attention is not None:
+        set_native_impl(*engine.capabilities.native_attention())  # the device's FIA, host check included
     record = RunRecord(scenario.graph.mode, backend, sizes, budget=budget)
     per_group = 1 if scenario.engine.hccl_mode == "AIV" else 2
     engine.reset_device(StreamConfig(scenario.engine.stream_pool, scenario.engine.streams_per_graph, per_group))
@@ -273,7 +268,7 @@ def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK) -
         engine.reset_device()
     tolerance = (scenario.tolerance.atol, scenario.tolerance.rtol) if scenario.tolerance else None
     checks = run_checks(record, contract=scenario.fia_contract, dtype=scenario.model.dtype,
-                        bitwise_replay=engine.bitwise_replay, tolerance=tolerance)
+                        bitwise_replay=engine.capabilities.bitwise_replay, tolerance=tolerance)
     return record, checks
 
 
@@ -293,15 +288,16 @@ def _rank_model(ctx: RankContext):
 RANK_TIMEOUT_S = 300.0
 
 
-def _run_ranks(scenario: Scenario, backend: str, world: int) -> tuple[dict[str, CheckResult], RunRecord, list[str]]:
+def _run_ranks(scenario: Scenario, backend: str, features: list[Feature]) -> tuple[dict[str, CheckResult], RunRecord, list[str]]:
+    world = registry.world_size(features)
     outcome = run_ranks(_rank_job, world, args=(scenario.model_dump(mode="json"), backend),
                         timeout=RANK_TIMEOUT_S)
-    features = scenario.features
-    layout = f"{world} ranks (dp {features.dp.size} x tp {features.sp.tp} x cp {features.cp.size})"
+    layout = describe(axis_sizes(features))
     if not outcome.ok:
         record = RunRecord(scenario.graph.mode, backend, [])
         failure = outcome.failures[0]
-        record.errors.append(PathError("graph", None, f"rank {failure.rank}", failure.kind, failure.message))
+        record.errors.append(PathError("graph", None, f"rank {failure.rank}", failure.kind, failure.message,
+                                       category=ErrorCategory.RANK))
         summary = f"rank {failure.rank} {failure.kind}: {failure.message}"
         checks = {EXECUTION: CheckResult(EXECUTION, False, summary, None, {"ranks": outcome.report()})}
         return checks, record, [layout, outcome.report()]
@@ -325,32 +321,8 @@ def _run_ranks(scenario: Scenario, backend: str, world: int) -> tuple[dict[str, 
 
 def _rank_job(rank: int, world: int, scenario_json: dict, backend: str):
     scenario = Scenario.model_validate(scenario_json)
-    ctx = rank_context(scenario, rank, world)
+    ctx = rank_context(scenario_features(scenario), rank, world)
     record, checks = run_rank(scenario, backend, ctx)
     for step in record.steps:
         step.logits = {}  # tensors stay on the rank: the checks have read them
     return record, checks
-
-
-def rank_context(scenario: Scenario, rank: int, world: int) -> RankContext:
-    """Split the world into DP x TP x CP groups (every rank creates every group, in order)."""
-    import torch.distributed as dist
-
-    dp, tp, cp = scenario.features.dp.size, scenario.features.sp.tp, scenario.features.cp.size
-    coords = {r: (r // (tp * cp), (r // cp) % tp, r % cp) for r in range(world)}
-    groups: dict[str, Any] = {}
-    for axis, index in (("dp", 0), ("tp", 1), ("cp", 2)):
-        size = (dp, tp, cp)[index]
-        if size == 1:
-            continue
-        members: dict[tuple, list[int]] = {}
-        for r, c in coords.items():
-            key = tuple(v for i, v in enumerate(c) if i != index)
-            members.setdefault(key, []).append(r)
-        for key in sorted(members):
-            group = dist.new_group(members[key])
-            if rank in members[key]:
-                groups[axis] = group
-    dp_rank, tp_rank, cp_rank = coords[rank]
-    return RankContext(rank, world, dp, dp_rank, groups.get("dp"), tp, tp_rank, groups.get("tp"),
-                       cp, cp_rank, groups.get("cp"))

@@ -10,30 +10,29 @@ from __future__ import annotations
 
 from harness.checks.equality import check_equality
 from harness.checks.fia_invariant import check_fia_invariant
-from harness.checks.result import CHECKS, EXECUTION, CheckResult
+from harness.checks.result import CHECKS, EXECUTION, CheckName, CheckResult
 from harness.checks.stale_params import check_stale_params
 from harness.checks.stream_budget import check_stream_budget
-from harness.graph.record import RunRecord
+from harness.graph.record import ErrorCategory, RunRecord
 
-#: Errors a check accounts for; any other error on a path is an unexplained crash.
+#: Error categories a check accounts for; any other error on a path is an unexplained crash.
 EXPLAINED_ERRORS = {
-    "FiaContractError": "fia_invariant",
-    "FiaArgumentError": "fia_invariant",
-    "StreamBudgetError": "stream_budget",
+    ErrorCategory.FIA_CONTRACT: CheckName.FIA_INVARIANT,
+    ErrorCategory.STREAM_BUDGET: CheckName.STREAM_BUDGET,
 }
 
 
 def run_checks(record: RunRecord, *, contract: str, dtype: str, bitwise_replay: bool,
                tolerance: tuple[float, float] | None = None) -> dict[str, CheckResult]:
     results = {
-        "fia_invariant": check_fia_invariant(record, contract),
-        "stale_params": check_stale_params(record),
-        "stream_budget": check_stream_budget(record),
+        CheckName.FIA_INVARIANT: check_fia_invariant(record, contract),
+        CheckName.STALE_PARAMS: check_stale_params(record),
+        CheckName.STREAM_BUDGET: check_stream_budget(record),
     }
     causes = [r.first_step for r in results.values() if not r.passed and r.first_step is not None]
-    results["equality"] = check_equality(record, dtype=dtype, bitwise_replay=bitwise_replay,
+    results[CheckName.EQUALITY] = check_equality(record, dtype=dtype, bitwise_replay=bitwise_replay,
                                          override=tolerance, explained_from=min(causes) if causes else None)
-    crashes = [e for e in record.errors if e.kind not in EXPLAINED_ERRORS]
+    crashes = [e for e in record.errors if e.category not in EXPLAINED_ERRORS]
     if crashes:
         first = crashes[0]
         where = f"step {first.step}" if first.step is not None else first.phase
@@ -43,4 +42,4 @@ def run_checks(record: RunRecord, *, contract: str, dtype: str, bitwise_replay: 
     return {name: results[name] for name in (*CHECKS, EXECUTION) if name in results}
 
 
-__all__ = ["CHECKS", "EXECUTION", "CheckResult", "run_checks"]
+__all__ = ["CHECKS", "EXECUTION", "CheckName", "CheckResult", "run_checks"]

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from deepdiff import DeepDiff
 
-from harness.checks.result import CheckResult
+from harness.checks.result import CheckName, CheckResult
 from harness.graph.record import RunRecord, StepRecord
 
 #: Per-dtype tolerances for comparisons that are not bitwise (logits are float32, but a bf16
@@ -126,10 +126,10 @@ def check_equality(record: RunRecord, *, dtype: str, bitwise_replay: bool,
                        f"an earlier failure of another check (step {explained_from})")
         if compared == 0:
             summary = "not evaluated: no step ran on the graph path"
-        return CheckResult("equality", True, summary, details=details)
+        return CheckResult(CheckName.EQUALITY, True, summary, details=details)
     first = unexplained[0]
     where = (f"request {first.get('request')} position {first.get('position')}, max abs error "
              f"{first.get('max_abs_error', float('nan')):.3g}, max rel error {first.get('max_rel_error', float('nan')):.3g}")
     summary = (f"{first['paths']} differ at step {first['step']} ({first['effect']}, {first['runtime_mode']}, "
                f"bucket {first['bucket']}): {where}; tokens {first['tokens']}")
-    return CheckResult("equality", False, summary, first["step"], details)
+    return CheckResult(CheckName.EQUALITY, False, summary, first["step"], details)

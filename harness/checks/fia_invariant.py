@@ -9,7 +9,7 @@ contract proposal (reference section 4) asks of every such failure.
 
 from __future__ import annotations
 
-from harness.checks.result import CheckResult
+from harness.checks.result import CheckName, CheckResult
 from harness.graph.record import RunRecord
 
 
@@ -44,7 +44,7 @@ def check_fia_invariant(record: RunRecord, contract: str) -> CheckResult:
         note = ""
         if contract == "relaxed" and strict_only:
             note = f"; {strict_only} call(s) would fail CANN's strict check today"
-        return CheckResult("fia_invariant", True, f"{len(calls)} FIA calls, all accepted ({contract}){note}",
+        return CheckResult(CheckName.FIA_INVARIANT, True, f"{len(calls)} FIA calls, all accepted ({contract}){note}",
                            details=details)
     first = violations[0]
     other = "relaxed" if contract == "strict" else "strict"
@@ -55,4 +55,4 @@ def check_fia_invariant(record: RunRecord, contract: str) -> CheckResult:
         f"padding: {first['padding']}; the {other} contract would {'have accepted' if other_ok else 'also reject'} it"
     )
     steps = [v["step"] for v in violations if v["step"] is not None]
-    return CheckResult("fia_invariant", False, summary, min(steps) if steps else None, details)
+    return CheckResult(CheckName.FIA_INVARIANT, False, summary, min(steps) if steps else None, details)

@@ -5,8 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-CHECKS = ("fia_invariant", "equality", "stale_params", "stream_budget")
-EXECUTION = "execution"  # a path raised something no check explains: a harness or pipeline crash
+from harness.names import CheckName
+
+
+#: The four assertions (``execution`` is the verdict on what none of them explains).
+CHECKS: tuple[CheckName, ...] = (CheckName.FIA_INVARIANT, CheckName.EQUALITY, CheckName.STALE_PARAMS,
+                                 CheckName.STREAM_BUDGET)
+EXECUTION = CheckName.EXECUTION
 
 
 @dataclass

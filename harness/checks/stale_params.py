@@ -8,7 +8,7 @@ eager reference does not. Both texts are kept side by side with their repetition
 
 from __future__ import annotations
 
-from harness.checks.result import CheckResult
+from harness.checks.result import CheckName, CheckResult
 from harness.graph.record import RunRecord
 from harness.model import longest_repeat_run, repetition_score
 
@@ -44,7 +44,7 @@ def check_stale_params(record: RunRecord) -> CheckResult:
             f"(layer {first['layer']}, bucket {first['bucket']}), expected {first['expected']}; "
             f"{len(stale)} stale list(s) in all; {_scores(repetition)}"
         )
-        return CheckResult("stale_params", False, summary, first["step"], details)
+        return CheckResult(CheckName.STALE_PARAMS, False, summary, first["step"], details)
     unverifiable = any(step.host_lists_unverifiable for step in record.steps)
     repeated = [
         req for req, rep in repetition["graph"].items()
@@ -53,11 +53,11 @@ def check_stale_params(record: RunRecord) -> CheckResult:
     if unverifiable and repeated:  # the engine could not say what ran: the text is the evidence
         summary = (f"graph text repeats where eager does not (requests {', '.join(repeated)}; "
                    f"{_scores(repetition)}): host parameters were probably frozen at capture")
-        return CheckResult("stale_params", False, summary, _first_divergence(record, repeated), details)
+        return CheckResult(CheckName.STALE_PARAMS, False, summary, _first_divergence(record, repeated), details)
     how = f"{compared} layer-steps compared" if compared else "no FULL replay: attention ran on live lists"
     if unverifiable:
         how = "the backend cannot report executed lists; texts compared"
-    return CheckResult("stale_params", True, f"host lists live on every replay ({how})", details=details)
+    return CheckResult(CheckName.STALE_PARAMS, True, f"host lists live on every replay ({how})", details=details)
 
 
 def _scores(repetition: dict[str, dict[str, dict[str, float]]]) -> str:

@@ -7,17 +7,17 @@ reported on every item, passing or not, so a configuration creeping towards the 
 
 from __future__ import annotations
 
-from harness.checks.result import CheckResult
-from harness.graph.record import RunRecord
+from harness.checks.result import CheckName, CheckResult
+from harness.graph.record import ErrorCategory, RunRecord
 
 
 def check_stream_budget(record: RunRecord) -> CheckResult:
     usage = record.stream_usage
     details = {"usage": usage, "graphs_captured": record.graphs_captured, "policy": record.budget}
-    exhausted = [e for e in record.errors if e.kind == "StreamBudgetError"]
+    exhausted = [e for e in record.errors if e.category is ErrorCategory.STREAM_BUDGET]
     if exhausted:
         error = exhausted[0]
-        return CheckResult("stream_budget", False, f"capture failed: {error.message}", None, details)
+        return CheckResult(CheckName.STREAM_BUDGET, False, f"capture failed: {error.message}", None, details)
     in_use, pool = usage.get("in_use"), usage.get("pool_size")
     if in_use is None or not pool:
         summary = f"{record.graphs_captured} graphs captured; the runtime reports no stream count"
@@ -26,4 +26,4 @@ def check_stream_budget(record: RunRecord) -> CheckResult:
     trimmed = record.budget.get("sizes_dropped") if record.budget else None
     if trimmed:
         summary += f"; policy dropped {len(trimmed)} capture size(s)"
-    return CheckResult("stream_budget", True, summary, None, details)
+    return CheckResult(CheckName.STREAM_BUDGET, True, summary, None, details)

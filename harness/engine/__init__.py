@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from types import ModuleType
 
-from .emulated.device import StreamConfig
 from .errors import (
     CaptureError,
     EngineError,
@@ -26,6 +24,7 @@ from .errors import (
     TaskUpdateError,
     UnsupportedOnBackend,
 )
+from .protocol import Capabilities, Engine, StreamConfig
 
 BACKENDS = ("emulated", "npu", "cuda", "auto")
 
@@ -61,19 +60,19 @@ def resolve(name: str) -> str:
     return "emulated"
 
 
-def load(name: str = "auto") -> ModuleType:
-    """Return the torch.npu-shaped namespace of backend ``name``."""
+def load(name: str = "auto") -> Engine:
+    """Return the torch.npu-shaped namespace of backend ``name`` (a module satisfying :class:`Engine`)."""
     resolved = resolve(name)
     if resolved == "emulated":
-        return importlib.import_module("harness.engine.emulated.api")
+        return importlib.import_module("harness.engine.emulated.api")  # type: ignore[return-value]
     if resolved == "npu" and not npu_available():
         raise UnsupportedOnBackend("backend 'npu' selected but torch_npu is not installed or sees no device")
     if resolved == "cuda" and not cuda_available():
         raise UnsupportedOnBackend("backend 'cuda' selected but torch.cuda is not available")
-    return importlib.import_module(f"harness.engine.{resolved}")
+    return importlib.import_module(f"harness.engine.{resolved}")  # type: ignore[return-value]
 
 
 __all__ = [
-    "BACKENDS", "CaptureError", "StreamConfig", "EngineError", "GraphHangError", "StreamBudgetError",
+    "BACKENDS", "Capabilities", "CaptureError", "Engine", "StreamConfig", "EngineError", "GraphHangError", "StreamBudgetError",
     "TaskUpdateError", "UnsupportedOnBackend", "load", "resolve",
 ]

@@ -13,11 +13,13 @@ from typing import Any
 import torch
 
 from .errors import UnsupportedOnBackend
+from .protocol import Capabilities, StreamConfig
 
 name = "cuda"
 device_type = "cuda"
-supports_task_update = False
-bitwise_replay = False  # kernels may pick other algorithms per shape: compare within tolerance
+# Kernels may pick other algorithms per shape: compare within tolerance. No task groups.
+capabilities = Capabilities(task_updates=False, bitwise_replay=False, stream_pool=False,
+                            reports_executed_arguments=False)
 
 _NO_TASK_GROUPS = (
     "task-group update is an ACL graph feature that CUDA graphs lack; keep per-request lengths in "
@@ -103,9 +105,9 @@ def device_name() -> str:
     return torch.cuda.get_device_name()
 
 
-def reset_device(stream_config=None) -> None:
+def reset_device(stream_config: StreamConfig | None = None) -> None:
+    """Synchronize. CUDA has no fixed graph stream pool: a stream budget other than the default
+    cannot be honoured, so it is refused (the item is skipped with the reason)."""
     torch.cuda.synchronize()
-
-
-def configure_streams(pool_size: int = 2048, per_graph: int = 1, per_comm_group: int = 2) -> None:
-    """Stream budgets are an ACL graph concept; nothing to configure on CUDA."""
+    if stream_config is not None and stream_config.pool_size != StreamConfig().pool_size:
+        raise UnsupportedOnBackend(f"cuda: no graph stream pool to limit to {stream_config.pool_size} streams")

@@ -13,12 +13,21 @@ from typing import Any
 import torch
 import torch_npu  # noqa: F401  (registers torch.npu)
 
-from .errors import STREAM_EXHAUSTED_CODE, StreamBudgetError
+from .errors import STREAM_EXHAUSTED_CODE, StreamBudgetError, UnsupportedOnBackend
+from .protocol import Capabilities, StreamConfig
+
+
+def _native_attention():
+    """torch_npu's FIA (functional, out, workspace): the device op, host check included."""
+    op = torch_npu.npu_fused_infer_attention_score
+    return (op, lambda query, key, value, *, out, **kwargs: op.out(query, key, value, **kwargs, out=out),
+            torch_npu._npu_fused_infer_attention_score_get_max_workspace)
+
 
 name = "npu"
 device_type = "npu"
-supports_task_update = True
-bitwise_replay = False
+capabilities = Capabilities(task_updates=True, bitwise_replay=False, stream_pool=True,
+                            reports_executed_arguments=False, native_attention=_native_attention)
 
 _graphs_alive: set[int] = set()
 _stream_pool_size = 2048
@@ -65,10 +74,13 @@ def device_name() -> str:
     return torch.npu.get_device_name()
 
 
-def reset_device(stream_config=None) -> None:
-    torch.npu.synchronize()
-
-
-def configure_streams(pool_size: int = 2048, per_graph: int = 1, per_comm_group: int = 2) -> None:
+def reset_device(stream_config: StreamConfig | None = None) -> None:
+    """Synchronize; take the pool size the budget is reported against. How many streams a graph
+    and a communication group take is the runtime's, so a config that says otherwise is refused."""
     global _stream_pool_size
-    _stream_pool_size = pool_size
+    torch.npu.synchronize()
+    config = stream_config or StreamConfig()
+    if (config.per_graph, config.per_comm_group) not in ((1, 1), (1, 2)):
+        raise UnsupportedOnBackend(f"npu: streams per graph / per comm group are set by the runtime, not "
+                                   f"{config.per_graph} / {config.per_comm_group}")
+    _stream_pool_size = config.pool_size

@@ -1,60 +1,108 @@
 """Parallel and speculative features as composable scenario axes (see docs/features.md).
 
-Built-in features: SP, DP, MTP, CP. More can come from other packages through the
+Built-in features: DP, SP, MTP, CP. More come from other packages through the
 ``graph_harness.features`` entry-point group: each entry point names a :class:`Feature`
-subclass whose ``name`` is its key under a scenario's ``features:``.
+subclass whose ``name`` is its key under a scenario's ``features:``. Everything the harness
+knows about a feature (its settings schema, fix switches, marker, rank axis, capture-size and
+token constraints, budget inputs) it reads from the registry, so a feature from another
+package needs no change to any file of graph-harness.
+
+The registry is scanned once per ``sys.path`` (a test that installs a plugin at run time, by
+prepending its directory to ``sys.path``, gets a fresh scan).
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import sys
 from importlib.metadata import entry_points
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
-from harness.features.base import MODE_ORDER, SINGLE_RANK, Feature, RankAxisFeature, RankContext, StepShape
+from harness.features.base import (
+    SINGLE_RANK,
+    Feature,
+    FeatureSettings,
+    FixSwitch,
+    RankAxisFeature,
+    RankContext,
+    SizeConstraint,
+    StepShape,
+)
 from harness.features.cp import ContextParallel
 from harness.features.dp import DataParallel, DPDisagreement, check_agreement
 from harness.features.mtp import SpeculativeDecoding
 from harness.features.sp import SequenceParallel
 
 ENTRY_POINT_GROUP = "graph_harness.features"
-BUILTIN: tuple[type[Feature], ...] = (SequenceParallel, DataParallel, SpeculativeDecoding, ContextParallel)
-
-
-_REGISTRY_CACHE: dict[tuple[str, ...], dict[str, type[Feature]]] = {}
+#: Registry order is rank-layout order, outermost axis first: rank = (dp_rank * tp + tp_rank) * cp + cp_rank.
+BUILTIN: tuple[type[Feature], ...] = (DataParallel, SequenceParallel, SpeculativeDecoding, ContextParallel)
 
 
 def registry() -> dict[str, type[Feature]]:
-    """Feature classes by name: the built-ins, then any installed through entry points.
+    """Feature classes by name: the built-ins, then any installed through entry points."""
+    return dict(_scan(tuple(sys.path)))
 
-    Scanning the installed distributions costs milliseconds, and collection asks once per
-    matrix point, so the answer is kept per ``sys.path`` (a changed path scans again)."""
-    key = tuple(sys.path)
-    found = _REGISTRY_CACHE.get(key)
-    if found is None:
-        found = {cls.name: cls for cls in BUILTIN}
-        for entry in entry_points(group=ENTRY_POINT_GROUP):
-            cls = entry.load()
-            found.setdefault(cls.name, cls)
-        _REGISTRY_CACHE[key] = found
-    return dict(found)
+
+@functools.lru_cache(maxsize=8)
+def _scan(path: tuple[str, ...]) -> tuple[tuple[str, type[Feature]], ...]:
+    found: dict[str, type[Feature]] = {cls.name: cls for cls in BUILTIN}
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        cls = entry.load()
+        if not (isinstance(cls, type) and issubclass(cls, Feature)):
+            raise TypeError(f"entry point {entry.name} = {entry.value} is not a harness.features.Feature subclass")
+        found.setdefault(cls.name, cls)
+    return tuple(found.items())
+
+
+def all_fix_switches(classes: Iterable[type[Feature]] | None = None) -> dict[str, tuple[str, FixSwitch]]:
+    """Every feature's fix switches: switch name -> (feature name, switch)."""
+    out: dict[str, tuple[str, FixSwitch]] = {}
+    for cls in classes if classes is not None else registry().values():
+        for switch, spec in cls.fixes.items():
+            out.setdefault(switch, (cls.name, spec))
+    return out
 
 
 def active_features(features: Mapping[str, Any], fixes: Mapping[str, bool]) -> list[Feature]:
-    """The enabled features of a scenario, in registry order."""
+    """The enabled features of a scenario, in registry order (settings: models or mappings)."""
     classes = registry()
+    unknown = [name for name in features if name not in classes]
+    if unknown:
+        raise ValueError(f"unknown feature {unknown[0]!r}; known: {', '.join(sorted(classes))}")
     active = []
-    for name, settings in features.items():
-        if name not in classes:
-            raise ValueError(f"unknown feature {name!r}; known: {', '.join(sorted(classes))}")
-        feature = classes[name](settings or {}, fixes)
-        if feature.enabled():
-            active.append(feature)
+    for name, cls in classes.items():
+        if name in features:
+            feature = cls(features[name], fixes)
+            if feature.enabled():
+                active.append(feature)
     return active
 
 
+def world_size(features: Iterable[Feature]) -> int:
+    """Ranks an item needs: the product of its features' axis sizes."""
+    return math.prod(f.world_size() for f in features if f.axis)
+
+
+def uniform_decode_query_len(features: Iterable[Feature]) -> int:
+    """``q``: tokens per request in a uniform decode batch (1 + draft tokens)."""
+    return 1 + sum(f.extra_query_tokens() for f in features)
+
+
+def size_constraints(features: Iterable[Feature]) -> list[SizeConstraint]:
+    return [c for f in features for c in f.size_constraints()]
+
+
+def budget_inputs(features: Iterable[Feature]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for feature in features:
+        out.update(feature.budget_inputs())
+    return out
+
+
 __all__ = [
-    "BUILTIN", "ENTRY_POINT_GROUP", "MODE_ORDER", "SINGLE_RANK", "ContextParallel", "DPDisagreement",
-    "DataParallel", "Feature", "RankAxisFeature", "RankContext", "SequenceParallel", "SpeculativeDecoding", "StepShape",
-    "active_features", "check_agreement", "registry",
+    "BUILTIN", "ENTRY_POINT_GROUP", "SINGLE_RANK", "ContextParallel", "DPDisagreement", "DataParallel", "Feature",
+    "FeatureSettings", "FixSwitch", "RankAxisFeature", "RankContext", "SequenceParallel", "SizeConstraint",
+    "SpeculativeDecoding", "StepShape", "active_features", "all_fix_switches", "budget_inputs", "check_agreement",
+    "registry", "size_constraints", "uniform_decode_query_len", "world_size",
 ]

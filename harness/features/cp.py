@@ -13,25 +13,38 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
-from harness.features.base import RankAxisFeature, RankContext
+from pydantic import Field
+
+from harness.features.base import MAX_AXIS_RANKS, FeatureSettings, FixSwitch, RankAxisFeature, RankContext
 from harness.graph.metadata import AttentionMetadata
-from harness.graph.runner import AttentionStyle
-from harness.model.context_parallel import cp_combine, cp_metadata_from_attention_metadata
+
+
+class CPSettings(FeatureSettings):
+    size: int = Field(1, ge=1, le=MAX_AXIS_RANKS, description="Context-parallel ranks the KV cache is sharded over (1: CP off).")
 
 
 class ContextParallel(RankAxisFeature):
     name = "cp"
-    fix = "cp_kv_padding"
+    Settings = CPSettings
+    fixes = {"cp_kv_padding": FixSwitch("per-rank KV lengths zero-padded to the padded request count",
+                                        "FIA: fewer KV lengths than requests")}
+    marker = "context parallel (size > 1)"
+    axis = "cp"
     ledger = "cp"
 
+    def budget_inputs(self) -> dict[str, Any]:
+        return {"dcp": self.size}
+
     def unsupported(self, scenario: Mapping[str, Any]) -> str | None:
-        if scenario.get("features", {}).get("sp", {}).get("tp", 1) > 1:
+        if (scenario.get("features", {}).get("sp") or {}).get("tp", 1) > 1:
             return ("CP with SP: vLLM Ascend's DCP splits the TP ranks' KV; this harness models CP "
                     "on ranks of its own, so the combination is not modelled")
         return None
 
     def rank_metadata(self, meta: AttentionMetadata, ctx: RankContext, block_size: int) -> AttentionMetadata:
         """This rank's view: one-token requests, its KV lengths, its slots."""
+        from harness.model.context_parallel import cp_metadata_from_attention_metadata
+
         local = cp_metadata_from_attention_metadata(meta, block_size=block_size, cp=ctx.cp, rank=ctx.cp_rank,
                                                     pad_kv_lengths=self.fix_on)
         width = len(meta.block_table[0]) if meta.block_table else 1
@@ -50,7 +63,10 @@ class ContextParallel(RankAxisFeature):
             + ("" if self.fix_on else ", KV lengths not zero-padded"),
         )
 
-    def attention_style(self, ctx: RankContext) -> AttentionStyle:
+    def attention_style(self, ctx: RankContext) -> Any:
+        from harness.model.context_parallel import cp_combine
+        from harness.ops.attention import AttentionStyle
+
         group = ctx.cp_group
 
         def combine(out, lse):

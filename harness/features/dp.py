@@ -1,44 +1,80 @@
 """Data parallel: every rank runs its own batch, but all ranks must run the same graph.
 
-Before each step the ranks all-reduce (padded num_tokens, graph mode) over a CPU group: every
-rank pads to the group's max and the agreed mode is the min, so one eager rank makes all ranks
-eager (vLLM ``coordinate_batch_across_dp``, vLLM Ascend ``_sync_batch_across_dp``, PR #30173).
-A rank with fewer tokens, or none, still runs the padded graph with dummy requests. Without the
+Before each step is dispatched the ranks all-reduce its shape over a CPU group: every rank
+takes the group's max token count, and the batch is uniform decode only if it is on every
+rank, so the one dispatch that follows gives every rank the same padded size and graph mode
+(vLLM ``coordinate_batch_across_dp``, vLLM Ascend ``_sync_batch_across_dp``, PR #30173). A
+rank with fewer tokens, or none, still runs the agreed graph with dummy requests. Without the
 ``dp_sync`` fix the ranks decide alone; ranks that disagree on size or mode hang in the
 collectives of the forward (PRs #25906, #30173).
 """
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
+from typing import Any, Literal
 
-from harness.features.base import MODE_ORDER, RankAxisFeature, RankContext, StepShape
+from pydantic import Field, ValidationInfo, field_validator
+
+from harness.features.base import MAX_AXIS_RANKS, FeatureSettings, FixSwitch, RankAxisFeature, RankContext
+from harness.graph.shape import RunShape, StepShape
 
 
 class DPDisagreement(RuntimeError):
     """Ranks entered a step with different sizes or modes: on hardware, a hang."""
 
 
+class DPSettings(FeatureSettings):
+    size: int = Field(1, ge=1, le=MAX_AXIS_RANKS, description="Data-parallel ranks (1: DP off).")
+    batches: Literal["equal", "unequal"] = Field(
+        "equal", description="equal: round robin; unequal: rank 0 takes two thirds (others idle more).")
+
+    @field_validator("batches")
+    @classmethod
+    def _needs_ranks(cls, value: str, info: ValidationInfo) -> str:
+        if value == "unequal" and info.data.get("size", 1) < 2:
+            raise ValueError(f"'unequal' batches need dp size >= 2 (size is {info.data.get('size', 1)})")
+        return value
+
+
 class DataParallel(RankAxisFeature):
     name = "dp"
-    fix = "dp_sync"
+    Settings = DPSettings
+    fixes = {"dp_sync": FixSwitch("the all-reduce of each step's shape before it is dispatched",
+                                  "ranks disagree on size or mode and hang in collectives (execution)")}
+    marker = "data parallel (size > 1)"
+    axis = "dp"
     ledger = "dp"
+
+    def budget_inputs(self) -> dict[str, Any]:
+        return {"dp": self.size}
+
+    def share_requests(self, plans: list[Any], ctx: RankContext) -> list[Any]:
+        """Round robin, or (unequal) rank 0 takes two thirds of the requests."""
+        if ctx.dp == 1:
+            return plans
+        if self.settings.batches == "equal":
+            return plans[ctx.dp_rank :: ctx.dp]
+        cut = -(-2 * len(plans) // 3)
+        if ctx.dp_rank == 0:
+            return plans[:cut]
+        return plans[cut:][ctx.dp_rank - 1 :: ctx.dp - 1]
 
     def agree(self, shape: StepShape, ctx: RankContext) -> StepShape:
         if ctx.dp_group is None or not self.fix_on:
             return shape
-        mine = torch.tensor([shape.num_tokens, -MODE_ORDER.index(shape.runtime_mode),
-                             -int(shape.uniform_decode), int(shape.has_work)], dtype=torch.int64)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=ctx.dp_group)
-        tokens, neg_mode, neg_uniform, work = mine.tolist()
-        return StepShape(tokens, MODE_ORDER[-neg_mode], bool(-neg_uniform), bool(work))
+        import torch
+        import torch.distributed as dist
 
-    def before_forward(self, shape: StepShape, ctx: RankContext, step: int) -> None:
+        mine = torch.tensor([shape.num_tokens, -int(shape.uniform_decode), int(shape.has_work)], dtype=torch.int64)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=ctx.dp_group)
+        tokens, neg_uniform, work = mine.tolist()
+        return StepShape(tokens, bool(-neg_uniform), bool(work))
+
+    def before_forward(self, shape: RunShape, ctx: RankContext, step: int) -> None:
         check_agreement(shape, ctx, step)
 
 
-def check_agreement(shape: StepShape, ctx: RankContext, step: int) -> None:
+def check_agreement(shape: RunShape, ctx: RankContext, step: int) -> None:
     """What the forward's collectives would enforce by hanging: every DP rank runs one shape.
 
     Gathers every rank's shape (all ranks see the same list, so all raise together: the
@@ -46,10 +82,15 @@ def check_agreement(shape: StepShape, ctx: RankContext, step: int) -> None:
     """
     if ctx.dp_group is None:
         return
-    mine = torch.tensor([shape.num_tokens, MODE_ORDER.index(shape.runtime_mode)], dtype=torch.int64)
+    import torch
+    import torch.distributed as dist
+
+    from harness.graph.modes import CUDAGraphMode
+
+    mine = torch.tensor([shape.num_tokens, shape.runtime_mode.value], dtype=torch.int64)
     shapes = [torch.zeros_like(mine) for _ in range(ctx.dp)]
     dist.all_gather(shapes, mine, group=ctx.dp_group)
-    seen = [(int(s[0]), MODE_ORDER[int(s[1])]) for s in shapes]
+    seen = [(int(s[0]), CUDAGraphMode(int(s[1]))) for s in shapes]
     if len(set(seen)) > 1:
         listing = ", ".join(f"dp rank {r}: {t} tokens {m}" for r, (t, m) in enumerate(seen))
         raise DPDisagreement(f"step {step}: DP ranks disagree ({listing}); on hardware they hang in "

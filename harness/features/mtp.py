@@ -3,29 +3,37 @@
 A draft model proposes k tokens per request, the target verifies 1 + k tokens per request
 with greedy acceptance, so a uniform decode batch has ``q = 1 + k`` tokens per request and
 capture sizes are rounded up to multiples of q (vLLM ``adjust_cudagraph_sizes_for_spec_decode``,
-issue #28207). The drafter runs its first round on each request's newly accepted tokens and
-later rounds on one token per request, with *unpadded* metadata: the ``drafter_unpadded`` fix.
-Without it the drafter is handed the target's padded metadata for an unpadded input, a last
-element beyond T that both FIA contracts reject. The pipeline's spec-decode loop lives in
-:mod:`harness.graph.pipeline`; greedy speculative output must equal greedy plain output.
+issue #28207; composed with the other features' constraints in graph.capture_sizes). The
+drafter (:mod:`harness.graph.drafter`) runs with *unpadded* metadata: the ``drafter_unpadded``
+fix. Without it the drafter is handed the target's padded metadata for an unpadded input, a
+last element beyond T that both FIA contracts reject. Greedy speculative output must equal
+greedy plain output.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from harness.features.base import Feature
-from harness.graph.capture_sizes import sizes_for_spec_decode
+from pydantic import Field
+
+from harness.features.base import MAX_DRAFT_TOKENS, Feature, FeatureSettings, FixSwitch, SizeConstraint
+
+
+class MTPSettings(FeatureSettings):
+    k: int = Field(0, ge=0, le=MAX_DRAFT_TOKENS, description="Draft tokens per step; canonical spec-decode count.")
 
 
 class SpeculativeDecoding(Feature):
     name = "mtp"
-    fix = "drafter_unpadded"
+    Settings = MTPSettings
+    fixes = {"drafter_unpadded": FixSwitch("the drafter gets its own unpadded metadata",
+                                           "the drafter's last element > T: both FIA contracts reject")}
+    marker = "speculative decoding (k > 0)"
     ledger = "spec"
 
     @property
     def k(self) -> int:
-        return int(self.settings.get("k", 0))
+        return self.settings.k
 
     def enabled(self) -> bool:
         return self.k > 0
@@ -33,8 +41,12 @@ class SpeculativeDecoding(Feature):
     def extra_query_tokens(self) -> int:
         return self.k
 
-    def capture_sizes(self, sizes: list[int], max_size: int) -> list[int]:
-        return sizes_for_spec_decode(sizes, 1 + self.k, max_size)
+    def size_constraints(self) -> list[SizeConstraint]:
+        q = 1 + self.k
+        return [SizeConstraint(q, "round_up", f"speculative decoding with q={q}")]
+
+    def budget_inputs(self) -> dict[str, Any]:
+        return {"draft_layers": 1}
 
     def unsupported(self, scenario: Mapping[str, Any]) -> str | None:
         if scenario.get("workload", {}).get("steps"):

@@ -1,11 +1,18 @@
-"""The graph-mode pipeline under test, as pure data and functions.
+"""The graph-mode pipeline under test.
 
-* ``capture_sizes``: the capture-size (bucket) rules and the O(1) padded-size lookup;
+Pure host logic (no torch, no backend):
+
+* ``capture_sizes``: the capture-size (bucket) rules, composed from the features' constraints,
+  and the O(1) padded-size lookup;
 * ``modes``: ``CUDAGraphMode`` (configured and runtime graph modes);
 * ``dispatcher``: per-batch choice of graph (FULL / PIECEWISE / NONE) and padded size;
 * ``metadata``: host-side attention metadata and the FIA padding fix (dummy requests);
-* ``stream_budget``: the legacy ACL stream budget that down-samples capture sizes.
+* ``plan``: the step planner (one frozen ``StepPlan`` per step, dispatched once);
+* ``shape``, ``record``, ``scheduler``, ``stream_budget``: rank context, run record, batching,
+  the legacy ACL stream budget.
 
-Nothing here imports torch or a backend: the runner (``harness.graph.runner``) is the
-only place where this logic meets an engine.
+With torch, meeting an engine only through the object it is handed:
+
+* ``runner``: captures per key and executes plans; ``drafter``: the MTP draft model;
+  ``pipeline``: the three paths of every step, in lockstep.
 """

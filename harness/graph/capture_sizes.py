@@ -5,9 +5,14 @@ A captured graph freezes tensor shapes, so a serving engine captures one graph p
 owns the rules that produce that list, in the order the engines apply them:
 
 1. an explicit list from the user, or the default grid up to a default (or user) max;
-2. sequence parallel (SP) with ``tp > 1``: drop sizes not divisible by ``tp``;
-3. speculative decoding with ``q = 1 + k > 1``: round every size up to a multiple of
-   ``q`` (of ``lcm(q, tp)`` with SP), drop what lands above the max, de-duplicate.
+2. every *keep* constraint (sequence parallel with ``tp > 1``: a size ``tp`` does not
+   divide cannot be split across the ranks): drop the sizes it does not divide;
+3. every *round-up* constraint (speculative decoding with ``q = 1 + k > 1``): round every
+   size up to a multiple of the lcm of **all** constraints (``lcm(q, tp)`` with SP), drop
+   what lands above the max, de-duplicate.
+
+The constraints come from the active features (:class:`SizeConstraint`), so the same
+function (:func:`resolve_capture_sizes`) serves the preflight check and the run.
 
 It also owns the O(1) lookup from a token count to its padded size
 (:class:`PaddedSizeTable`). Everything here is plain ints and lists so that the rules
@@ -25,6 +30,8 @@ __all__ = [
     "DEFAULT_MAX_CAPTURE_SIZE_CAP",
     "PaddedSizeTable",
     "Platform",
+    "SizeConstraint",
+    "compose_constraints",
     "default_capture_sizes",
     "default_max_capture_size",
     "resolve_capture_sizes",
@@ -34,6 +41,52 @@ __all__ = [
 ]
 
 Platform = Literal["npu", "gpu"]
+
+
+@dataclass(frozen=True)
+class SizeConstraint:
+    """What one feature demands of every capture size: to be a multiple of ``multiple``.
+
+    ``rule`` says what happens to a size that is not: ``"keep"`` drops it (sequence parallel:
+    a bucket ``tp`` does not divide cannot be reduce-scattered), ``"round_up"`` rounds it up
+    (speculative decoding: a decode bucket must hold whole requests of ``q`` tokens).
+    ``source`` names the feature in error messages ("sequence parallel with tp=2").
+    """
+
+    multiple: int
+    rule: Literal["keep", "round_up"]
+    source: str
+
+    def __post_init__(self) -> None:
+        _require_positive("multiple", self.multiple)
+        if self.rule not in ("keep", "round_up"):
+            raise ValueError(f"rule must be 'keep' or 'round_up', got {self.rule!r}")
+
+
+def compose_constraints(sizes: Sequence[int], constraints: Sequence[SizeConstraint]) -> list[int]:
+    """Apply every constraint at once: keep-filters first, then one round-up to the lcm of all.
+
+    Rounding to the lcm of *all* multiples is what makes SP and spec decode compose: with
+    tp=2 and q=3 a size must be a multiple of 6, or a decode batch of whole requests cannot
+    be split across the TP ranks (``T=3 is not a multiple of tp=2`` at capture).
+    """
+    sizes = sorted(set(sizes))
+    keep = [c for c in constraints if c.rule == "keep" and c.multiple > 1]
+    for c in keep:
+        kept = [s for s in sizes if s % c.multiple == 0]
+        if not kept:
+            raise ValueError(f"{c.source} leaves no capture size: none of {sizes} is divisible by "
+                             f"{c.multiple}")
+        sizes = kept
+    every = math.lcm(1, *(c.multiple for c in constraints))
+    if all(s % every == 0 for s in sizes):
+        return sizes
+    why = " and ".join(dict.fromkeys(c.source for c in constraints if c.multiple > 1))
+    try:
+        return sizes_for_spec_decode(sizes, every, max(sizes))
+    except ValueError:
+        raise ValueError(f"no capture size left after rounding {sizes} up to multiples of {every} "
+                         f"({why}) within max {max(sizes)}") from None
 
 #: Upper bound of the default max capture size (upstream vLLM and vLLM Ascend; data-centre
 #: Blackwell uses 1024 upstream, pass ``cap=1024`` for that).
@@ -182,6 +235,7 @@ def resolve_capture_sizes(
     tp: int = 1,
     sequence_parallel: bool = False,
     cap: int = DEFAULT_MAX_CAPTURE_SIZE_CAP,
+    constraints: Sequence[SizeConstraint] = (),
 ) -> list[int]:
     """The final capture sizes, ascending: every rule of this module in order.
 
@@ -190,9 +244,12 @@ def resolve_capture_sizes(
        Otherwise the default grid up to a max: the user's ``max_capture_size`` (clamped to
        ``max_num_batched_tokens``, then truncated to the grid), or
        :func:`default_max_capture_size` for ``platform``.
-    2. Sequence parallel (``sequence_parallel`` and ``tp > 1``): keep multiples of ``tp``.
-    3. Speculative decoding (``num_speculative_tokens > 0``): round up to multiples of
-       ``q`` (``lcm(q, tp)`` with SP), within the max of the list after step 2.
+    2. The constraints (:func:`compose_constraints`): ``constraints`` as the features
+       declare them, plus the ones the keyword arguments name: sequence parallel
+       (``sequence_parallel`` and ``tp > 1``) keeps multiples of ``tp``; speculative decoding
+       (``num_speculative_tokens > 0``) rounds up to multiples of ``q``. The result is a
+       multiple of the lcm of them all (``lcm(q, tp)`` with SP), within the max of the list
+       after the keep-filters. ``num_speculative_tokens`` also sizes the default max.
 
     Raises ``ValueError`` whenever a step leaves nothing, so a misconfiguration never
     turns silently into "no graphs".
@@ -220,14 +277,13 @@ def resolve_capture_sizes(
             )
         sizes = default_capture_sizes(top)
 
-    sp_tp = tp if sequence_parallel else 1
-    if sp_tp > 1:
-        sizes = sizes_for_sequence_parallel(sizes, sp_tp)
-
-    q = 1 + num_speculative_tokens
-    if q > 1:
-        sizes = sizes_for_spec_decode(sizes, q, max(sizes), tp=sp_tp)
-    return sizes
+    every = list(constraints)
+    if sequence_parallel and tp > 1:
+        every.append(SizeConstraint(tp, "keep", f"sequence parallel with tp={tp}"))
+    if num_speculative_tokens:
+        q = 1 + num_speculative_tokens
+        every.append(SizeConstraint(q, "round_up", f"speculative decoding with q={q}"))
+    return compose_constraints(sizes, every)
 
 
 @dataclass(frozen=True)

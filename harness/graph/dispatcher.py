@@ -15,7 +15,8 @@ key sets, the graphs that exist:
 At dispatch the token count is padded to its bucket, and the decision is: the exact FULL
 key, else the relaxed key under FULL, else the relaxed key under PIECEWISE, else NONE with
 the token count left unpadded. A batch above the largest capture size runs eagerly,
-unpadded.
+unpadded. ``token_multiple`` (features that split tokens across ranks: SP's tp) rounds an
+eager batch up to a multiple; every capture size is one already (graph.capture_sizes).
 """
 
 from __future__ import annotations
@@ -83,7 +84,10 @@ class Dispatcher:
         capture_sizes: Sequence[int],
         uniform_decode_query_len: int = 1,
         max_num_seqs: int | None = None,
+        token_multiple: int = 1,
     ) -> None:
+        if token_multiple < 1:
+            raise ValueError(f"token_multiple must be >= 1, got {token_multiple}")
         if uniform_decode_query_len < 1:
             raise ValueError(
                 f"uniform_decode_query_len must be >= 1, got {uniform_decode_query_len}"
@@ -93,6 +97,7 @@ class Dispatcher:
         self.mode = mode
         self.uniform_decode_query_len = uniform_decode_query_len
         self.max_num_seqs = max_num_seqs
+        self.token_multiple = token_multiple
         self.table = PaddedSizeTable(capture_sizes)
         self.full_keys: frozenset[BatchDescriptor] = frozenset()
         self.piecewise_keys: frozenset[BatchDescriptor] = frozenset()
@@ -168,14 +173,11 @@ class Dispatcher:
                 f"{num_reqs * q} tokens, got {num_tokens}"
             )
         if self.mode is CUDAGraphMode.NONE:
-            return DispatchDecision(CUDAGraphMode.NONE, None, num_tokens, "graph mode NONE")
+            return self._eager(num_tokens, "graph mode NONE")
         padded = self.table.padded_size(num_tokens)
         if padded is None:
-            return DispatchDecision(
-                CUDAGraphMode.NONE,
-                None,
-                num_tokens,
-                f"{num_tokens} tokens above the largest capture size {self.table.max_size}",
+            return self._eager(
+                num_tokens, f"{num_tokens} tokens above the largest capture size {self.table.max_size}"
             )
         key = self._padded_key(padded, uniform_decode)
         relaxed = key.relaxed()
@@ -196,10 +198,16 @@ class Dispatcher:
                 f"relaxed PIECEWISE key for {padded} tokens",
             )
         kind = "uniform decode" if uniform_decode else "mixed"
-        return DispatchDecision(
-            CUDAGraphMode.NONE,
-            None,
+        return self._eager(
             num_tokens,
             f"no {self.mode} graph for a {kind} batch of {num_tokens} tokens"
             + (" (FULL disabled)" if disable_full else ""),
         )
+
+    def _eager(self, num_tokens: int, reason: str) -> DispatchDecision:
+        """NONE: no graph, the token count rounded up to ``token_multiple`` only."""
+        m = self.token_multiple
+        padded = -(-num_tokens // m) * m
+        if padded != num_tokens:
+            reason += f"; rounded to {padded}, a multiple of {m}"
+        return DispatchDecision(CUDAGraphMode.NONE, None, padded, reason)

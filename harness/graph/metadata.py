@@ -18,7 +18,6 @@ the known-bad metadata that the FIA contract check must catch.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 
@@ -27,7 +26,6 @@ from harness.graph.modes import CUDAGraphMode
 
 __all__ = [
     "AttentionMetadata",
-    "PaddingKind",
     "ScheduledRequest",
     "build_attention_metadata",
     "pad_attention_metadata",
@@ -63,15 +61,6 @@ class ScheduledRequest:
         return self.num_computed_tokens + self.num_new_tokens
 
 
-class PaddingKind(str, enum.Enum):
-    """What produced the request-level shape of the metadata."""
-
-    NONE = "none"
-    UNIFORM = "uniform"
-    MIXED = "mixed"
-    UNPADDED = "unpadded"
-
-
 @dataclass(frozen=True)
 class AttentionMetadata:
     """The host lists one attention call consumes, padded or not.
@@ -92,7 +81,6 @@ class AttentionMetadata:
     slot_mapping: list[int]
     positions: list[int]
     query_lens: list[int]
-    padding_kind: PaddingKind = PaddingKind.NONE
     padding_source: str = field(default="none")
 
     @property
@@ -241,7 +229,6 @@ def pad_attention_metadata(
         return _replace(
             meta,
             **tokens_only,
-            padding_kind=PaddingKind.UNPADDED,
             padding_source=(
                 f"unpadded metadata: last element < T ({last} < {num_tokens_padded})"
             ),
@@ -250,10 +237,10 @@ def pad_attention_metadata(
     uniform_reqs = _uniform_request_count(meta, num_tokens_padded, q, runtime_mode, configured_mode)
     if uniform_reqs is not None:
         extra = [q] * (uniform_reqs - meta.num_reqs)
-        kind, source = PaddingKind.UNIFORM, f"uniform: {len(extra)} fake requests"
+        source = f"uniform: {len(extra)} fake requests"
     else:
         extra = [pad]
-        kind, source = PaddingKind.MIXED, f"mixed: one dummy request absorbing {pad} tokens"
+        source = f"mixed: one dummy request absorbing {pad} tokens"
     width = len(meta.block_table[0]) if meta.block_table else 0
     query_lens = meta.query_lens + extra
     qsl = _cumsum0(query_lens)
@@ -266,7 +253,6 @@ def pad_attention_metadata(
         seq_lens=meta.seq_lens + [0] * len(extra),
         block_table=meta.block_table + [[0] * width for _ in extra],
         query_lens=query_lens,
-        padding_kind=kind,
         padding_source=source,
     )
     assert padded.actual_seq_lengths[-1] == padded.num_input_tokens, padded

@@ -6,6 +6,7 @@ on a hand-made record and a report can be written from a record of a run that cr
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,16 +15,47 @@ PATHS = ("reference", "padded", "graph")
 path's padding (separates padding effects from graph effects), and the graph path itself."""
 
 
+class ErrorCategory(str, enum.Enum):
+    """What kind of failure stopped a path, decided where it was caught (by ``isinstance``).
+
+    A check claims the categories it explains (the FIA invariant claims ``fia_contract``, the
+    stream budget ``stream_budget``); anything else is an unexplained crash.
+    """
+
+    FIA_CONTRACT = "fia_contract"  # the FIA host check rejected a call (CANN 561002 and kin)
+    STREAM_BUDGET = "stream_budget"  # capture ran out of streams (ACL 207008)
+    CRASH = "crash"  # anything else: a harness or pipeline bug, a rank that died
+    RANK = "rank"  # a rank raised, crashed or hung before it could report
+
+
+def categorize(error: BaseException) -> ErrorCategory:
+    """The category of ``error``: by class (and its bases), never by name."""
+    from harness.engine.errors import StreamBudgetError
+    from harness.ops.contract import FiaArgumentError, FiaContractError
+
+    if isinstance(error, (FiaContractError, FiaArgumentError)):
+        return ErrorCategory.FIA_CONTRACT
+    if isinstance(error, StreamBudgetError):
+        return ErrorCategory.STREAM_BUDGET
+    return ErrorCategory.CRASH
+
+
 @dataclass
 class PathError:
     """An execution path stopped: where, and why."""
 
     path: str
     step: int | None
-    phase: str  # "capture", "step", "update"
-    kind: str  # exception class name
+    phase: str  # "capture", "step", "update", "rank <r>"
+    kind: str  # exception class name (for people; classification is ``category``)
     message: str
     bucket: int | None = None
+    category: ErrorCategory = ErrorCategory.CRASH
+
+    @classmethod
+    def of(cls, path: str, step: int | None, phase: str, error: BaseException, *,
+           bucket: int | None = None) -> PathError:
+        return cls(path, step, phase, type(error).__name__, str(error), bucket, categorize(error))
 
 
 @dataclass

@@ -35,14 +35,6 @@ class Step:
     requests: tuple[ScheduledRequest, ...]
     decodes: tuple[bool, ...] = ()
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(r.num_new_tokens for r in self.requests)
-
-    @property
-    def query_lens(self) -> list[int]:
-        return [r.num_new_tokens for r in self.requests]
-
 
 @dataclass
 class _Running:

@@ -1,43 +1,96 @@
-"""What ranks agree on before a step, and where a rank sits: shared by pipeline and features."""
+"""Where a rank sits, and the shapes ranks agree on: shared by the planner and the features."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
-#: Graph modes in the order DP consensus takes the minimum of (any eager rank: all eager).
-MODE_ORDER = ("NONE", "PIECEWISE", "FULL")
+from harness.graph.modes import CUDAGraphMode
+
+
+@dataclass(frozen=True)
+class RankAxis:
+    """One rank axis (dp, tp, cp, or a plugin's): its size, this rank's index on it, its group."""
+
+    size: int = 1
+    rank: int = 0
+    group: Any = None  # a torch.distributed group; None when the axis has one rank
 
 
 @dataclass(frozen=True)
 class RankContext:
-    """Where this process sits among a scenario's ranks, with its process groups.
+    """Where this process sits among a scenario's ranks, one :class:`RankAxis` per axis.
 
-    Ranks are laid out as ``rank = (dp_rank * tp + tp_rank) * cp + cp_rank``; a group is
-    ``None`` when its axis has one rank.
+    The axes come from the feature registry (``harness.features.layout``); an axis no active
+    feature declares reads as size 1. ``tp``/``dp``/``cp`` are shorthands the model and the
+    built-in features read.
     """
 
     rank: int = 0
     world_size: int = 1
-    dp: int = 1
-    dp_rank: int = 0
-    dp_group: Any = None
-    tp: int = 1
-    tp_rank: int = 0
-    tp_group: Any = None
-    cp: int = 1
-    cp_rank: int = 0
-    cp_group: Any = None
+    axes: Mapping[str, RankAxis] = field(default_factory=dict)
+
+    def axis(self, name: str) -> RankAxis:
+        return self.axes.get(name, _SINGLE_AXIS)
+
+    @property
+    def tp(self) -> int:
+        return self.axis("tp").size
+
+    @property
+    def tp_rank(self) -> int:
+        return self.axis("tp").rank
+
+    @property
+    def tp_group(self) -> Any:
+        return self.axis("tp").group
+
+    @property
+    def dp(self) -> int:
+        return self.axis("dp").size
+
+    @property
+    def dp_rank(self) -> int:
+        return self.axis("dp").rank
+
+    @property
+    def dp_group(self) -> Any:
+        return self.axis("dp").group
+
+    @property
+    def cp(self) -> int:
+        return self.axis("cp").size
+
+    @property
+    def cp_rank(self) -> int:
+        return self.axis("cp").rank
+
+    @property
+    def cp_group(self) -> Any:
+        return self.axis("cp").group
 
 
+_SINGLE_AXIS = RankAxis()
 SINGLE_RANK = RankContext()
 
 
 @dataclass(frozen=True)
 class StepShape:
-    """The shape of one step on one rank: what DP ranks must agree on."""
+    """What the ranks agree on *before* the step is dispatched (the dispatcher's inputs).
 
-    num_tokens: int  # padded token count
-    runtime_mode: str  # NONE / PIECEWISE / FULL
+    ``num_tokens`` is the real token count (DP agreement raises it to the group max),
+    ``uniform_decode`` whether every request has ``q`` tokens (uniform only if every rank is),
+    ``has_work`` whether this rank has requests (an idle rank runs the agreed shape on dummies).
+    """
+
+    num_tokens: int
     uniform_decode: bool
     has_work: bool = True
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What one rank runs after the decision: every DP rank must run the same one."""
+
+    num_tokens: int  # padded token count
+    runtime_mode: CUDAGraphMode

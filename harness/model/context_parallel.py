@@ -327,29 +327,17 @@ def make_cp_attend(
             f"metadata was built for rank {per_rank_metadata.rank}/{per_rank_metadata.cp}, "
             f"not {rank}/{cp}"
         )
+    from harness.ops.attention import AttentionHeads, AttentionStyle, attend_eager, fia_kwargs
+
     softmax_scale = attention_scale(config) if scale is None else float(scale)
     table = per_rank_metadata.block_table_tensor() if block_table is None else block_table
+    heads = AttentionHeads(config.block_size, config.num_heads, config.num_kv_heads, softmax_scale)
+    style = AttentionStyle(sparse_mode=0, combine=lambda out, lse: cp_combine(out, lse, cp, group, gather=gather))
 
     def attend(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
-        op = fia
-        if op is None:
-            from harness.ops import npu_fused_infer_attention_score as op
-        out, lse = op(
-            query,
-            key_cache,
-            value_cache,
-            actual_seq_lengths=_host_list(per_rank_metadata.actual_seq_lengths),
-            actual_seq_lengths_kv=_host_list(per_rank_metadata.actual_seq_lengths_kv),
-            block_table=table.to(query.device),
-            block_size=config.block_size,
-            num_heads=config.num_heads,
-            num_key_value_heads=config.num_kv_heads,
-            scale=softmax_scale,
-            input_layout="TND",
-            sparse_mode=0,
-            softmax_lse_flag=True,
-        )
-        return cp_combine(out, lse, cp, group, gather=gather)
+        kwargs = fia_kwargs(heads, _host_list(per_rank_metadata.actual_seq_lengths),
+                            _host_list(per_rank_metadata.actual_seq_lengths_kv), table.to(query.device), style)
+        return attend_eager(query, key_cache, value_cache, kwargs, style, op=fia)
 
     return attend
 

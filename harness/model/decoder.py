@@ -13,7 +13,7 @@ between them, so both paths run the same arithmetic (bitwise equal).
 Everything inside a piece is graph-safe: no host syncs (``.item()``, ``.tolist()``,
 ``bool(tensor)``), no data-dependent shapes or boolean-mask indexing, no branching on tensor
 values, no RNG. Every op except attention works row by row, and projections use a batched
-one-row-per-element GEMM (:func:`row_linear`, float32 accumulate) rather than a plain GEMM, so
+fixed-block GEMM (:func:`row_linear`, float32 accumulate) rather than a plain GEMM, so
 a real token's result does not depend on how many padded rows follow it (bitwise on CPU).
 
 Tensor / sequence parallel (:mod:`harness.model.parallel`): ``DecoderLM(config, parallel=ctx)``
@@ -89,17 +89,31 @@ class RMSNorm(nn.Module):
         return (y * self.weight.float()).to(x.dtype)
 
 
+#: Rows per block of :func:`row_linear`: every block is one GEMM of exactly this many rows.
+ROW_BLOCK = 8
+
+
 def row_linear(x: Tensor, weight: Tensor) -> Tensor:
-    """``x @ weight.T`` computed row by row (batch-invariant), float32 accumulate, cast back.
+    """``x @ weight.T`` in fixed blocks of :data:`ROW_BLOCK` rows (batch-invariant), float32
+    accumulate, cast back.
 
     A plain GEMM (``F.linear``) picks different kernels / blockings for different row counts
     (on CPU, fp32 results of a row change with T for T = 1, 2, 3, 5, 6, 7, 9, ...), which would
-    make a real token's logits depend on the padding behind it. A batched GEMM with one row per
-    batch element computes every row with the same kernel whatever T is.
+    make a real token's logits depend on the padding behind it. Here the rows are zero-padded to
+    a multiple of the block and multiplied with one batched GEMM whose every batch element is a
+    ``[ROW_BLOCK, in] x [in, out]`` product: each block runs the same kernel whatever T is, and
+    row ``i`` always sits at position ``i % ROW_BLOCK`` of a block, so its result does not depend
+    on T or on the rows after it. (One GEMM per row did the same with T times the calls' cost.)
     """
     t = x.shape[0]
-    w = weight.float().t().unsqueeze(0).expand(t, -1, -1)
-    return torch.bmm(x.float().unsqueeze(1), w).squeeze(1).to(x.dtype)
+    rows = x.float()
+    pad = -t % ROW_BLOCK
+    if pad:
+        rows = torch.constant_pad_nd(rows, (0, 0, 0, pad))  # zero rows; F.pad adds Python overhead
+    blocks = rows.shape[0] // ROW_BLOCK
+    w = weight.float().t().expand(blocks, -1, -1)  # every block shares the weight: a stride-0 view
+    out = torch.bmm(rows.reshape(blocks, ROW_BLOCK, -1), w).reshape(blocks * ROW_BLOCK, -1)
+    return (out[:t] if pad else out).to(x.dtype)
 
 
 class RowLinear(nn.Module):
@@ -416,29 +430,14 @@ def make_eager_attend(
     The host lists are read (copied to Python ints) at every call, so a caller that mutates the
     list objects between steps is seen live.
     """
+    from harness.ops.attention import AttentionHeads, attend_eager, fia_kwargs
+
     softmax_scale = attention_scale(config) if scale is None else float(scale)
     tp = 1 if parallel is None else parallel.tp
-    num_heads, num_kv_heads = config.num_heads // tp, config.num_kv_heads // tp
+    heads = AttentionHeads(config.block_size, config.num_heads // tp, config.num_kv_heads // tp, softmax_scale)
 
     def attend(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
-        op = fia
-        if op is None:
-            from harness.ops import npu_fused_infer_attention_score as op
-        out, _ = op(
-            query,
-            key_cache,
-            value_cache,
-            actual_seq_lengths=_host_list(actual_seq_lengths),
-            actual_seq_lengths_kv=_host_list(actual_seq_lengths_kv),
-            block_table=block_table,
-            block_size=config.block_size,
-            num_heads=num_heads,
-            num_key_value_heads=num_kv_heads,
-            scale=softmax_scale,
-            input_layout="TND",
-            sparse_mode=3,
-            softmax_lse_flag=False,
-        )
-        return out
+        kwargs = fia_kwargs(heads, _host_list(actual_seq_lengths), _host_list(actual_seq_lengths_kv), block_table)
+        return attend_eager(query, key_cache, value_cache, kwargs, op=fia)
 
     return attend

@@ -34,7 +34,6 @@ from harness.ops.fia import (
     npu_fused_infer_attention_score_out,
     register_updatable_ops,
     set_native_impl,
-    use_torch_npu,
 )
 from harness.ops.library import FIA_OP_NAME, UPDATABLE_OP_NAMES, workspace_nbytes
 from harness.ops.observe import FiaCall, fia_call_tags, observe_fia_calls
@@ -62,6 +61,5 @@ __all__ = [
     "register_updatable_ops",
     "set_native_impl",
     "shape_violation",
-    "use_torch_npu",
     "workspace_nbytes",
 ]

@@ -67,18 +67,6 @@ def set_native_impl(
     _native = _NativeImpl(fn_functional, fn_out, fn_workspace)
 
 
-def use_torch_npu() -> None:
-    """Route the wrappers to torch_npu's real FIA (the npu backend). Imports torch_npu."""
-    import torch_npu
-
-    op = torch_npu.npu_fused_infer_attention_score
-    set_native_impl(
-        op,
-        lambda query, key, value, *, out, **kwargs: op.out(query, key, value, **kwargs, out=out),
-        torch_npu._npu_fused_infer_attention_score_get_max_workspace,
-    )
-
-
 def get_native_impl() -> tuple[NativeFn | None, NativeFn | None, NativeFn | None]:
     """The installed ``(fn_functional, fn_out, fn_workspace)``; all ``None`` for the reference."""
     return _native.functional, _native.out, _native.workspace
@@ -91,11 +79,10 @@ def register_updatable_ops(engine: Any) -> None:
     :data:`~harness.ops.library.UPDATABLE_OP_NAMES` when the engine offers that method (the
     emulated engine does); otherwise does nothing. This keeps harness.ops free of engine imports.
     """
-    register = getattr(engine, "register_updatable_op", None)
-    if register is None:
-        return
+    if not engine.capabilities.reports_executed_arguments:
+        return  # a native graph records the op itself; only an emulator needs telling
     for name in _library.UPDATABLE_OP_NAMES:
-        register(name)
+        engine.register_updatable_op(name)
 
 
 # --------------------------------------------------------------------------- validation

@@ -17,11 +17,13 @@ from typing import Any
 
 import yaml
 
+from harness.names import CheckName
+
 __all__ = ["render_item", "render_summary", "STYLE"]
 
 #: Rows of a violation / mismatch / stale table shown before an "N more" note.
 MAX_ROWS = 20
-_CHECK_ORDER = ("fia_invariant", "equality", "stale_params", "stream_budget", "execution")
+_CHECK_ORDER = tuple(CheckName)  # the one list of check names (harness.names)
 _OUTCOME_LABEL = {
     "passed": "passed",
     "failed": "failed",
@@ -416,10 +418,10 @@ def render_item(record: dict) -> str:
         _section("verdict", _verdict, record),
         _section("environment", _environment, record),
         _section("checks", _checks, checks),
-        _section("fia_invariant", _fia, _dict(checks.get("fia_invariant"))),
-        _section("equality", _equality, _dict(checks.get("equality"))),
-        _section("stale_params", _stale, _dict(checks.get("stale_params")), run),
-        _section("stream_budget", _budget, _dict(checks.get("stream_budget")), run),
+        _section(CheckName.FIA_INVARIANT, _fia, _dict(checks.get(CheckName.FIA_INVARIANT))),
+        _section(CheckName.EQUALITY, _equality, _dict(checks.get(CheckName.EQUALITY))),
+        _section(CheckName.STALE_PARAMS, _stale, _dict(checks.get(CheckName.STALE_PARAMS)), run),
+        _section(CheckName.STREAM_BUDGET, _budget, _dict(checks.get(CheckName.STREAM_BUDGET)), run),
         _section("steps", _steps, run),
         _section("errors", _errors, record, run),
         _section("scenario", _scenario, record),

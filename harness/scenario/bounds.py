@@ -11,6 +11,9 @@ each) and are documented in docs/scenarios.md, section "Limits".
 
 from __future__ import annotations
 
+# The feature settings (owned by harness.features) carry these two bounds themselves.
+from harness.features.base import MAX_AXIS_RANKS, MAX_DRAFT_TOKENS
+
 # -- the file itself (checked before and while parsing the YAML) --------------------------------
 MAX_FILE_BYTES = 1024 * 1024
 """A scenario file is at most 1 MiB."""
@@ -52,7 +55,7 @@ MAX_CAPTURE_SIZE = 8192
 MAX_CAPTURE_SIZES = 512
 """Entries of an explicit ``capture_sizes`` list."""
 MAX_NUM_SEQS = 1024
-MAX_SPEC_TOKENS = 16
+MAX_SPEC_TOKENS = MAX_DRAFT_TOKENS
 MAX_WARMUP_RUNS = 16
 
 # -- workload and run length --------------------------------------------------------------------
@@ -64,7 +67,7 @@ MAX_TOKENS = 65_536
 """Prompt, output and per-step token counts, ``max_num_batched_tokens``."""
 
 # -- ranks and engine resources -----------------------------------------------------------------
-MAX_WORLD_SIZE = 16
+MAX_WORLD_SIZE = MAX_AXIS_RANKS
 """Processes of one multi-rank item: the product of every feature's rank axis (dp x tp x cp)."""
 MAX_STREAM_POOL = 65_536
 MAX_STREAMS_PER_GRAPH = 64

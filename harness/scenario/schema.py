@@ -30,22 +30,21 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
 from . import bounds as L
+from harness.graph.modes import CUDAGraphMode
+from harness.names import CheckName as _CheckName
+from harness.scenario.feature_schema import build_features_model, build_fixes_model
 
 __all__ = [
     "CHECK_NAMES",
     "GRAPH_MODES",
     "ConsistencyError",
-    "DPFeature",
-    "CPFeature",
     "EngineSpec",
     "Expect",
     "Features",
     "Fixes",
     "GraphSpec",
-    "MTPFeature",
     "ModelSpec",
     "RequestSpec",
-    "SPFeature",
     "Scenario",
     "StepEntry",
     "Tolerance",
@@ -56,11 +55,11 @@ __all__ = [
     "export_json_schema",
 ]
 
-GRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-CHECK_NAMES = ("fia_invariant", "equality", "stale_params", "stream_budget", "execution")
+GRAPH_MODES = tuple(m.name for m in CUDAGraphMode)
+CHECK_NAMES = tuple(c.value for c in _CheckName)
 
-GraphMode = Literal["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
-CheckName = Literal["fia_invariant", "equality", "stale_params", "stream_budget", "execution"]
+GraphMode = Literal[GRAPH_MODES]  # type: ignore[valid-type]
+CheckName = Literal[CHECK_NAMES]  # type: ignore[valid-type]  # one enum: harness.checks.result.CheckName
 
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
@@ -328,59 +327,9 @@ class Workload(_Base):
 # ------------------------------------------------------------------------------------ fixes, etc.
 
 
-class Fixes(_Base):
-    """Fixes in the pipeline under test; ``false`` switches a fix off (the buggy pipeline)."""
-
-    fia_padding: bool = Field(True, description="Dummy-request padding for the FIA check.")
-    host_param_update: bool = Field(
-        True, description="Per-layer task-group update of FIA host parameters after replay."
-    )
-    static_inputs: bool = Field(
-        True,
-        description="Copy inputs into the static buffers before replay "
-        "(false: write to a fresh tensor).",
-    )
-    sp_padding: bool = True
-    dp_sync: bool = True
-    drafter_unpadded: bool = True
-    cp_kv_padding: bool = True
-
-
-class SPFeature(_Base):
-    tp: Pos(L.MAX_WORLD_SIZE) = 1
-
-
-class DPFeature(_Base):
-    size: Pos(L.MAX_WORLD_SIZE) = 1
-    batches: Literal["equal", "unequal"] = "equal"
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "DPFeature":
-        if self.batches == "unequal" and self.size < 2:
-            raise ConsistencyError(
-                [(("batches",), "'unequal' batches need dp size >= 2 (size is 1)")]
-            )
-        return self
-
-
-class MTPFeature(_Base):
-    k: NonNeg(L.MAX_SPEC_TOKENS) = Field(0, description="Draft tokens per step; canonical spec-decode count.")
-
-
-class CPFeature(_Base):
-    size: Pos(L.MAX_WORLD_SIZE) = 1
-
-
-class Features(_Base):
-    """Built-in features; other keys name features installed through entry points, each with
-    a mapping of its settings (checked against the registry when the item runs)."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    sp: SPFeature = Field(default_factory=SPFeature)
-    dp: DPFeature = Field(default_factory=DPFeature)
-    mtp: MTPFeature = Field(default_factory=MTPFeature)
-    cp: CPFeature = Field(default_factory=CPFeature)
+# Generated from the feature registry: each feature owns its settings and its fix switches.
+Fixes = build_fixes_model(_Base, ConsistencyError)
+Features = build_features_model(_Base, ConsistencyError)
 
 
 class Tolerance(_Base):

@@ -9,7 +9,8 @@ from harness.checks.equality import check_equality
 from harness.checks.fia_invariant import check_fia_invariant
 from harness.checks.stale_params import check_stale_params
 from harness.checks.stream_budget import check_stream_budget
-from harness.graph.record import PathError, RunRecord, StepRecord
+from harness.engine import GraphHangError, StreamBudgetError
+from harness.graph.record import ErrorCategory, PathError, RunRecord, StepRecord
 from harness.ops import FiaCall
 
 
@@ -63,7 +64,8 @@ def test_stream_budget_fails_on_207008_and_reports_utilisation():
     record = RunRecord("PIECEWISE", "emulated", [1, 2])
     record.graphs_captured, record.stream_usage = 6, {"in_use": 6, "pool_size": 2048}
     assert "6 of 2048 streams (0.3%)" in check_stream_budget(record).summary
-    record.errors.append(PathError("graph", None, "capture", "StreamBudgetError", "error code 207008: ..."))
+    record.errors.append(PathError.of("graph", None, "capture", StreamBudgetError(1, 2048, 2048, "graph#7")))
+    assert record.errors[-1].category is ErrorCategory.STREAM_BUDGET  # classified by class, not name
     assert not check_stream_budget(record).passed
 
 
@@ -87,6 +89,6 @@ def test_equality_bitwise_on_the_emulator_and_first_mismatch_located():
 
 def test_unexplained_path_errors_are_an_execution_failure():
     record = RunRecord("FULL", "emulated", [2])
-    record.errors.append(PathError("graph", 3, "step", "GraphHangError", "replay of graph#2 waits"))
+    record.errors.append(PathError.of("graph", 3, "step", GraphHangError("replay of graph#2 waits")))
     checks = run_checks(record, contract="strict", dtype="float32", bitwise_replay=True)
     assert not checks["execution"].passed and "GraphHangError at step 3" in checks["execution"].summary

@@ -55,7 +55,7 @@ def test_stream_budget_exhaustion_raises_207008(npu):
 
 
 def test_streams_per_graph_is_configurable(npu):
-    npu.configure_streams(pool_size=2048, per_graph=5)
+    npu.reset_device(StreamConfig(pool_size=2048, per_graph=5))
     x = torch.ones(2)
     g, _ = _capture(npu, lambda: x + 1)
     assert g.streams_held == 5 and npu.stream_usage()["in_use"] == 5

@@ -21,7 +21,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from harness.engine import CaptureError, StreamBudgetError, TaskUpdateError
+from harness.engine import CaptureError, StreamBudgetError, StreamConfig, TaskUpdateError
+from harness.ops.attention import LayerTask, capture_task_group, update_task_group
 from harness.engine.emulated.recorder import OpNode
 from harness.model import ModelConfig, PagedKVCache, build_model, make_eager_attend
 from harness.ops import (
@@ -75,28 +76,16 @@ SHAPES = {
 
 def _capture_task_group(npu, x: FiaInputs, q_lens, kv_lens):
     """Capture FIA ``.out`` as vLLM Ascend does: event wait/reset, then a task group."""
-    kwargs = x.kwargs(q_lens, kv_lens)
-    workspace = get_max_workspace(x.query, x.key, x.value, **kwargs)
-    g, event = npu.NPUGraph(), npu.ExternalEvent()
+    g = npu.NPUGraph()
     with npu.graph(g):
-        stream = npu.current_stream()
-        out = torch.empty_like(x.query)
-        lse = torch.empty(x.query.shape[0], N_HEADS, 1, dtype=torch.float32)
-        event.wait(stream)
-        event.reset(stream)
-        npu.graph_task_group_begin(stream)
-        npu_fused_infer_attention_score_out(x.query, x.key, x.value, **kwargs, workspace=workspace, out=(out, lse))
-        handle = npu.graph_task_group_end(stream)
-    return g, event, handle, workspace, out, lse
+        task = capture_task_group(npu, x.query, x.key, x.value, x.kwargs(q_lens, kv_lens))
+    return g, task.event, task.handle, task.workspace, task.out, task.lse
 
 
 def _update(npu, stream, handle, event, x: FiaInputs, q_lens, kv_lens, workspace, out, lse) -> None:
+    task = LayerTask(handle, event, x.query, out, lse, workspace)
     with npu.stream(stream):
-        npu.graph_task_update_begin(stream, handle)
-        npu_fused_infer_attention_score_out(x.query, x.key, x.value, **x.kwargs(q_lens, kv_lens),
-                                            workspace=workspace, out=(out, lse))
-        npu.graph_task_update_end(stream)
-        event.record(stream)
+        update_task_group(npu, stream, task, x.key, x.value, x.kwargs(q_lens, kv_lens))
 
 
 @pytest.mark.parametrize("order", ["replay-then-update", "update-then-replay"])
@@ -486,7 +475,7 @@ def test_item_inside_capture_raises_and_capture_can_be_redone(npu):
 
 def test_stream_budget_exhaustion_raises_207008_for_decoder_graphs(npu):
     """One FULL graph per bucket; a pool of 3 streams takes 3 graphs, the 4th capture fails."""
-    npu.configure_streams(pool_size=3, per_graph=1)
+    npu.reset_device(StreamConfig(pool_size=3, per_graph=1))
     model = build_model(CFG)
     cache = PagedKVCache(CFG)
     req = _one_request(model, cache)

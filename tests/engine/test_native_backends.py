@@ -81,8 +81,8 @@ def test_selecting_cuda_without_a_gpu_fails_cleanly():
 # -- the CUDA backend module, importable on CPU torch --------------------------------------------
 def test_cuda_module_imports_on_this_torch_and_declares_no_task_update():
     cuda_backend = _cuda_module()
-    assert cuda_backend.name == "cuda" and cuda_backend.supports_task_update is False
-    assert cuda_backend.bitwise_replay is False
+    assert cuda_backend.name == "cuda" and cuda_backend.capabilities.task_updates is False
+    assert cuda_backend.capabilities.bitwise_replay is False
 
 
 @pytest.mark.parametrize("call", TASK_GROUP_CALLS)
@@ -134,5 +134,5 @@ def test_npu_backend_loads_when_torch_npu_sees_a_device():
     if not engine_mod.npu_available():
         pytest.skip("torch_npu is installed but sees no NPU device")
     npu = load("npu")
-    assert npu.name == "npu" and npu.supports_task_update
+    assert npu.name == "npu" and npu.capabilities.task_updates
     assert resolve("auto") == "npu"

@@ -1,4 +1,4 @@
-"""The feature interface and registry, without ranks (multi-rank runs are the scenarios')."""
+"""The feature interface and registry; a feature from another package, end to end."""
 
 from __future__ import annotations
 
@@ -17,15 +17,19 @@ from harness.features import (
     SpeculativeDecoding,
     active_features,
     registry,
+    size_constraints,
+    world_size,
 )
+from harness.features.layout import axis_sizes, coordinates
+from harness.graph.capture_sizes import compose_constraints
 from harness.graph.scheduler import RequestPlan
-from harness.graph.shape import RankContext, StepShape
-from harness.session import dp_share
+from harness.graph.shape import RankAxis, RankContext, StepShape
 
 
-def test_builtin_registry_names_every_feature_once():
-    assert [cls.name for cls in BUILTIN] == ["sp", "dp", "mtp", "cp"]
+def test_builtin_registry_names_every_feature_once_in_layout_order():
+    assert [cls.name for cls in BUILTIN] == ["dp", "sp", "mtp", "cp"]
     assert set(registry()) >= {"sp", "dp", "mtp", "cp"}
+    assert all(cls.marker and cls.fixes for cls in BUILTIN)
 
 
 def test_only_enabled_features_are_active_and_fix_switches_are_read():
@@ -37,35 +41,49 @@ def test_only_enabled_features_are_active_and_fix_switches_are_read():
         active_features({"ep": {"size": 2}}, {})
 
 
-def test_sequence_parallel_rounds_tokens_and_filters_sizes():
+def test_sequence_parallel_declares_its_axis_constraints_and_budget_inputs():
     sp = SequenceParallel({"tp": 2}, {})
-    assert [sp.pad_tokens(n) for n in (1, 2, 5, 8)] == [2, 2, 6, 8]
-    assert sp.capture_sizes([1, 2, 4, 6, 7, 8], 8) == [2, 4, 6, 8]
-    assert sp.ranks() == 2
+    assert (sp.axis, sp.world_size(), sp.token_multiple()) == ("tp", 2, 2)
+    assert compose_constraints([1, 2, 4, 6, 7, 8], sp.size_constraints()) == [2, 4, 6, 8]
+    assert sp.budget_inputs() == {"tp": 2}
     with pytest.raises(ValueError, match="tp=4"):
-        SequenceParallel({"tp": 4}, {}).capture_sizes([1, 2, 3], 3)
+        compose_constraints([1, 2, 3], SequenceParallel({"tp": 4}, {}).size_constraints())
 
 
 def test_speculative_decoding_rounds_sizes_to_multiples_of_q():
     mtp = SpeculativeDecoding({"k": 2}, {})
-    assert mtp.extra_query_tokens() == 2
-    assert mtp.capture_sizes([1, 2, 4, 8, 16], 16) == [3, 6, 9]  # 16 -> 18 is above the max
+    assert mtp.extra_query_tokens() == 2 and mtp.axis is None
+    assert compose_constraints([1, 2, 4, 8, 16], mtp.size_constraints()) == [3, 6, 9]  # 18 is above the max
     assert mtp.unsupported({"workload": {"steps": [[{"req": "a", "new_tokens": 1}]]}})
+
+
+def test_sp_with_mtp_composes_to_the_lcm():
+    features = active_features({"sp": {"tp": 2}, "mtp": {"k": 2}}, {})
+    assert compose_constraints([1, 2, 4, 8], size_constraints(features)) == [6]
 
 
 def test_data_parallel_without_a_group_is_the_identity():
     dp = DataParallel({"size": 2}, {})
-    shape = StepShape(8, "FULL", True)
+    shape = StepShape(8, True)
     assert dp.agree(shape, RankContext()) == shape
 
 
-def test_dp_share_gives_every_rank_its_batch():
+def test_dp_shares_the_requests_among_its_ranks():
     plans = [RequestPlan(f"r{i}", 3, 3) for i in range(5)]
-    ctx = [RankContext(dp=2, dp_rank=r) for r in (0, 1)]
-    assert [p.req_id for p in dp_share(plans, ctx[0], "equal")] == ["r0", "r2", "r4"]
-    assert [p.req_id for p in dp_share(plans, ctx[1], "equal")] == ["r1", "r3"]
-    assert [p.req_id for p in dp_share(plans, ctx[0], "unequal")] == ["r0", "r1", "r2", "r3"]
-    assert [p.req_id for p in dp_share(plans, ctx[1], "unequal")] == ["r4"]
+    ctx = [RankContext(axes={"dp": RankAxis(2, r)}) for r in (0, 1)]
+    equal, unequal = DataParallel({"size": 2}, {}), DataParallel({"size": 2, "batches": "unequal"}, {})
+    assert [p.req_id for p in equal.share_requests(plans, ctx[0])] == ["r0", "r2", "r4"]
+    assert [p.req_id for p in equal.share_requests(plans, ctx[1])] == ["r1", "r3"]
+    assert [p.req_id for p in unequal.share_requests(plans, ctx[0])] == ["r0", "r1", "r2", "r3"]
+    assert [p.req_id for p in unequal.share_requests(plans, ctx[1])] == ["r4"]
+
+
+def test_rank_layout_follows_the_registry_outermost_first():
+    features = active_features({"dp": {"size": 2}, "sp": {"tp": 2}, "cp": {"size": 2}}, {})
+    sizes = axis_sizes(features)
+    assert sizes == [("dp", 2), ("tp", 2), ("cp", 2)] and world_size(features) == 8
+    # rank = (dp_rank * tp + tp_rank) * cp + cp_rank
+    assert coordinates(sizes, 5) == {"dp": 1, "tp": 0, "cp": 1}
 
 
 def test_cp_is_not_modelled_together_with_sp():
@@ -74,28 +92,100 @@ def test_cp_is_not_modelled_together_with_sp():
     assert cp.unsupported({"features": {"sp": {"tp": 1}}}) is None
 
 
-def test_a_feature_can_come_from_an_entry_point(tmp_path, monkeypatch):
-    """A plugin outside this repository: a module plus an entry point, nothing else."""
-    (tmp_path / "ep_feature.py").write_text(textwrap.dedent('''
-        from harness.features import Feature
+# -- a feature from another package ---------------------------------------------------------------
 
-        class ExpertParallel(Feature):
-            name = "ep"
-            fix = None
-            ledger = "ep"
+PLUGIN = '''
+from pydantic import Field
 
-            def enabled(self):
-                return self.settings.get("size", 1) > 1
+from harness.features import FeatureSettings, FixSwitch, RankAxisFeature, SizeConstraint
 
-            def pad_tokens(self, num_tokens):
-                return num_tokens + 1
-    '''))
+
+class EPSettings(FeatureSettings):
+    size: int = Field(1, ge=1, description="expert-parallel ranks")
+
+
+class ExpertParallel(RankAxisFeature):
+    """Expert parallel: tokens are dispatched to experts all-to-all, so T is a multiple of ep."""
+
+    name = "ep"
+    Settings = EPSettings
+    fixes = {"ep_padding": FixSwitch("the metadata covers the tokens EP adds", "FIA: last element < T")}
+    marker = "expert parallel (size > 1)"
+    axis = "ep"
+    ledger = "ep"
+
+    def size_constraints(self):
+        return [SizeConstraint(self.size, "keep", f"expert parallel with ep={self.size}")]
+
+    def token_multiple(self):
+        return self.size
+
+    def before_forward(self, shape, ctx, step):
+        axis = ctx.axis("ep")  # the harness gave this rank its coordinates and its group
+        if axis.size != 2 or axis.group is None or not 0 <= axis.rank < 2:
+            raise RuntimeError(f"no ep process group on rank {ctx.rank}: {axis}")
+'''
+
+
+@pytest.fixture
+def expert_parallel(tmp_path, monkeypatch):
+    """Install ``ep`` from a temporary entry point (a package outside this repository)."""
+    (tmp_path / "ep_feature.py").write_text(textwrap.dedent(PLUGIN))
     dist = tmp_path / "ep_feature-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-feature\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nep = ep_feature:ExpertParallel\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert "ep" in registry()
-    (feature,) = active_features({"ep": {"size": 2}}, {})
-    assert isinstance(feature, Feature) and feature.pad_tokens(4) == 5
+    yield registry()["ep"]
     sys.modules.pop("ep_feature", None)
+
+
+def _ep_point(tmp_path, fix_on: bool):
+    from harness.scenario import load_scenario_file
+
+    path = tmp_path / "ep.yaml"
+    path.write_text(textwrap.dedent(f"""
+        name: ep_{'fixed' if fix_on else 'no_padding'}
+        model: {{kind: random, layers: 1}}
+        graph: {{mode: NONE, capture_sizes: [1, 2, 3, 4]}}
+        features: {{ep: {{size: 2}}}}
+        fixes: {{ep_padding: {'true' if fix_on else 'false'}}}
+        steps: 3
+        workload:
+          requests:
+            - {{prompt_len: 5, output_len: 3}}
+        expect: {'pass' if fix_on else '{fail: [fia_invariant]}'}
+    """))
+    (point,) = load_scenario_file(path)
+    return point
+
+
+def test_an_outside_feature_declares_everything_and_needs_no_harness_change(expert_parallel, tmp_path):
+    from harness import session
+    from harness.scenario import Scenario, ScenarioError, load_scenario_text
+
+    assert issubclass(expert_parallel, Feature) and expert_parallel.marker
+    point = _ep_point(tmp_path, fix_on=False)
+    scenario = point.scenario
+    assert scenario.fixes.model_dump()["ep_padding"] is False  # its own fix switch
+    features = session.scenario_features(scenario)
+    assert [f.name for f in features] == ["ep"] and session.world_size(scenario) == 2
+    sizes, _ = session.capture_sizes(scenario, features)
+    assert sizes == [2, 4]  # its capture-size constraint
+    with pytest.raises(Exception, match="size"):  # its settings are typed: a string is refused
+        Scenario.model_validate({"workload": {"requests": [{"prompt_len": 2, "output_len": 2}]},
+                                 "features": {"ep": {"size": "two"}}})
+    with pytest.raises(ScenarioError, match="ep_pading"):
+        load_scenario_text("workload: {requests: [{prompt_len: 2, output_len: 2}]}\nfixes: {ep_pading: false}\n",
+                           path="typo.yaml")
+
+
+def test_an_outside_features_known_bad_scenario_fails_exactly_its_check(expert_parallel, tmp_path):
+    """Two real ranks along the plugin's axis; fix off: exactly fia_invariant; fix on: passes."""
+    from harness.session import PASSED, XFAILED, run_point
+
+    bad = run_point(_ep_point(tmp_path, fix_on=False), backend="emulated")
+    assert bad.outcome == XFAILED, bad.verdict
+    assert bad.failed_checks == ["fia_invariant"]
+    good = run_point(_ep_point(tmp_path, fix_on=True), backend="emulated")
+    assert good.outcome == PASSED, good.verdict

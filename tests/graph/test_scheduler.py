@@ -21,16 +21,20 @@ def _run(batcher: Batcher, accepted: int = 0):
     return steps
 
 
+def _lens(step):
+    return [r.num_new_tokens for r in step.requests]
+
+
 def test_prefill_then_decodes_until_output_len():
     steps = _run(Batcher([RequestPlan("a", 5, 3)], 16, 16, 8, 512))
-    assert [s.query_lens for s in steps] == [[5], [1], [1]]
+    assert [_lens(s) for s in steps] == [[5], [1], [1]]
     assert [s.requests[0].num_computed_tokens for s in steps] == [0, 5, 6]
 
 
 def test_arrivals_mix_prefills_with_decodes_and_idle_steps_advance_the_clock():
     plans = [RequestPlan("a", 4, 4), RequestPlan("b", 3, 2, arrival_step=2), RequestPlan("c", 2, 1, arrival_step=9)]
     steps = _run(Batcher(plans, 16, 32, 8, 512))
-    shapes = [s.query_lens if s else None for s in steps]
+    shapes = [_lens(s) if s else None for s in steps]
     assert shapes[:4] == [[4], [1], [1, 3], [1, 1]]
     assert None in shapes and shapes[-1] == [2]  # idle until c arrives at step 9
 
@@ -38,19 +42,19 @@ def test_arrivals_mix_prefills_with_decodes_and_idle_steps_advance_the_clock():
 def test_token_and_sequence_budgets_hold_back_prefills():
     plans = [RequestPlan(f"r{i}", 6, 2) for i in range(3)]
     steps = _run(Batcher(plans, 16, 32, max_num_seqs=2, max_num_batched_tokens=8))
-    assert steps[0].query_lens == [6]  # the second prompt does not fit the 8-token budget
+    assert _lens(steps[0]) == [6]  # the second prompt does not fit the 8-token budget
     assert all(len(s.requests) <= 2 for s in steps if s)
 
 
 def test_speculative_decode_steps_carry_q_tokens_and_follow_acceptance():
     steps = _run(Batcher([RequestPlan("a", 4, 7)], 16, 16, 8, 512, decode_query_len=3), accepted=2)
-    assert [s.query_lens for s in steps] == [[4], [3], [3]]  # 1 + 3 + 3 generated tokens
+    assert [_lens(s) for s in steps] == [[4], [3], [3]]  # 1 + 3 + 3 generated tokens
     assert [s.requests[0].num_computed_tokens for s in steps] == [0, 4, 7]
 
 
 def test_explicit_steps_are_taken_as_written_and_checked_against_the_model_length():
     batcher = ExplicitBatcher([[("a", 5)], [("a", 1), ("b", 3)]], block_size=4, num_blocks=16, max_model_len=16)
-    assert [s.query_lens for s in batcher.steps] == [[5], [1, 3]]
+    assert [_lens(s) for s in batcher.steps] == [[5], [1, 3]]
     assert batcher.steps[1].decodes == (True, False)
     with pytest.raises(ValueError, match="past max_model_len=4"):
         ExplicitBatcher([[("a", 5)]], block_size=4, num_blocks=16, max_model_len=4)

@@ -94,6 +94,43 @@ def test_row_linear_batch_invariant():
     torch.testing.assert_close(full, x @ w.t(), rtol=1e-5, atol=1e-5)
 
 
+_BATCH_SIZES = [*range(1, 71), 127, 128, 129, 255, 256, 257, 511, 512, 513]
+
+
+def _prefix_mismatches(linear, x, w, g) -> list[int]:
+    """Batch sizes T where rows 0..T-1 of ``linear`` differ from the same rows computed in the
+    600-row batch, with other rows behind them (the padding a bucket adds)."""
+    full = linear(x, w)
+    bad = []
+    for t in _BATCH_SIZES:
+        tail = torch.randn(t % 9, x.shape[1], generator=g).to(x.dtype)
+        if not torch.equal(linear(torch.cat([x[:t], tail]), w)[:t], full[:t]):
+            bad.append(t)
+    return bad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("in_features, out_features", [(32, 32), (64, 96), (64, 512)])
+def test_row_linear_bitwise_invariant_across_batch_sizes(dtype, in_features, out_features):
+    """Row i's result is bitwise the same for every T > i and whatever rows follow it."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(out_features, in_features, generator=g).to(dtype)
+    x = torch.randn(600, in_features, generator=g).to(dtype)
+    assert _prefix_mismatches(row_linear, x, w, g) == []
+    full = row_linear(x, w)
+    assert full.dtype == dtype and full.shape == (600, out_features)
+    torch.testing.assert_close(full.float(), x.float() @ w.float().t(), rtol=2e-2, atol=2e-2)
+
+
+def test_invariance_check_catches_a_plain_gemm():
+    """The control: the same check fails for F.linear, whose rows change with T on CPU."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(96, 64, generator=g)
+    x = torch.randn(600, 64, generator=g)
+    if not _prefix_mismatches(torch.nn.functional.linear, x, w, g):
+        pytest.skip("this CPU's GEMM happens to be batch-invariant for these shapes")
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("real, padded", [(5, 8), (10, 16), (37, 64)])

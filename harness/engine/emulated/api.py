@@ -2,7 +2,7 @@
 
 Every name the harness calls on ``torch.npu`` exists here with torch_npu's signature, acting on
 one :class:`EmulatedDevice`. A few extra names (``stream_usage``, ``memory_report``,
-``configure_streams``, ``reset_device``) expose what the harness's checks need to read.
+``reset_device``, ``executed_host_arguments``) expose what the harness's checks need to read.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import contextlib
 from typing import Any, Iterator
 
 from ..errors import TaskUpdateError
-from .device import EmulatedDevice, StreamConfig
+from ..protocol import Capabilities, StreamConfig
+from .device import EmulatedDevice
 from .graph import NPUGraph as _NPUGraph
 from .graph import TaskGroupHandle, TaskUpdateMode, bound_arguments, graph_context, task_group_begin, task_group_end
 from .pool import PoolHandle
@@ -21,8 +22,9 @@ from .streams import Stream as _Stream
 
 name = "emulated"
 device_type = "cpu"
-supports_task_update = True
-bitwise_replay = True  # the same CPU kernels on the same shapes: replay equals eager bit for bit
+# The same CPU kernels on the same shapes: replay equals eager bit for bit.
+capabilities = Capabilities(task_updates=True, bitwise_replay=True, stream_pool=True,
+                            reports_executed_arguments=True)
 
 _device = EmulatedDevice()
 _updates: dict[int, TaskUpdateMode] = {}  # stream id -> update in progress
@@ -35,10 +37,6 @@ def reset_device(stream_config: StreamConfig | None = None) -> None:
         mode.__exit__(None, None, None)
     _updates.clear()
     _device = EmulatedDevice(stream_config)
-
-
-def configure_streams(pool_size: int = 2048, per_graph: int = 1, per_comm_group: int = 2) -> None:
-    _device.budget.config = StreamConfig(pool_size, per_graph, per_comm_group)
 
 
 def stream_usage() -> dict[str, Any]:

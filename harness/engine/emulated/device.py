@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+
 from ..errors import StreamBudgetError
+from ..protocol import StreamConfig
 from .pool import PoolRegistry
 from .streams import Scheduler, Stream
 
@@ -17,26 +19,16 @@ COMM_NAMESPACES = ("_c10d_functional", "c10d", "_c10d_functional_autograd")
 
 
 @dataclass
-class StreamConfig:
-    """How many device streams exist and how many a captured graph consumes.
-
-    ``per_comm_group`` follows the HCCL expansion mode: AIV needs one extra stream per
-    communication group, the default (FFTS+/AICPU) mode two (reference section 7).
-    """
-
-    pool_size: int = 2048
-    per_graph: int = 1
-    per_comm_group: int = 2
-
-
-@dataclass
 class StreamBudget:
     config: StreamConfig = field(default_factory=StreamConfig)
     held: dict[str, int] = field(default_factory=dict)  # graph name -> streams
 
+    def __post_init__(self) -> None:
+        self._in_use = sum(self.held.values())  # kept as a count: thousands of graphs per run
+
     @property
     def in_use(self) -> int:
-        return sum(self.held.values())
+        return self._in_use
 
     def needed_for(self, comm_groups: int) -> int:
         return self.config.per_graph + self.config.per_comm_group * comm_groups
@@ -44,10 +36,11 @@ class StreamBudget:
     def acquire(self, graph: str, needed: int) -> None:
         if self.in_use + needed > self.config.pool_size:
             raise StreamBudgetError(needed, self.in_use, self.config.pool_size, graph)
+        self._in_use += needed - self.held.get(graph, 0)
         self.held[graph] = needed
 
     def release(self, graph: str) -> None:
-        self.held.pop(graph, None)
+        self._in_use -= self.held.pop(graph, 0)
 
     def usage(self) -> dict[str, object]:
         return {

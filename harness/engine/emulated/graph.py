@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import CaptureError, EngineError, TaskUpdateError
 from .device import COMM_NAMESPACES, EmulatedDevice
 from .pool import PoolHandle
-from .recorder import Capture, CaptureMode, OpNode, _frozen, patch_host_reads, replay_steps
+from .recorder import (Capture, CaptureMode, EmulatorDispatchMode, OpNode, _frozen, patch_host_reads,
+                       replay_steps)
 from .streams import Stream
 
 _CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
@@ -219,7 +219,7 @@ def task_group_end(device: EmulatedDevice, stream: Stream) -> TaskGroupHandle:
     return TaskGroupHandle(capture.owner, group)
 
 
-class TaskUpdateMode(TorchDispatchMode):
+class TaskUpdateMode(EmulatorDispatchMode):
     """Intercepts the ops re-issued between ``graph_task_update_begin`` and ``_end``.
 
     Each must be the captured op of the task group, with the captured tensors (same address,

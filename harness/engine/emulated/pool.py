@@ -10,6 +10,7 @@ each graph and each pool hold.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from dataclasses import dataclass, field
 
@@ -39,7 +40,7 @@ def _nbytes_for(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dty
     if any(s == 0 for s in size):
         return 0
     extent = 1 + sum((s - 1) * st for s, st in zip(size, stride))
-    return extent * torch.empty((), dtype=dtype).element_size()
+    return extent * dtype.itemsize
 
 
 @dataclass(eq=False)
@@ -54,10 +55,23 @@ class Block:
 
 @dataclass(eq=False)
 class MemoryPool:
+    """The blocks of one pool, and which of them later captures may reuse.
+
+    The free list is kept sorted by ``(size, order freed)``, so best fit, first of equals, is a
+    binary search: a 40-layer PIECEWISE run frees and reuses tens of thousands of blocks.
+    """
+
     handle: PoolHandle
     blocks: list[Block] = field(default_factory=list)
-    free: list[Block] = field(default_factory=list)  # intermediates of finished captures
     graph_bytes: dict[str, int] = field(default_factory=dict)
+    _free: list[tuple[int, int, Block]] = field(default_factory=list)  # (nbytes, order, block)
+    _free_ids: set[int] = field(default_factory=set)
+    _order: "itertools.count[int]" = field(default_factory=itertools.count)
+
+    @property
+    def free(self) -> list[Block]:
+        """Intermediates of finished captures, smallest first."""
+        return [block for _, _, block in self._free]
 
     @property
     def bytes_reserved(self) -> int:
@@ -76,22 +90,28 @@ class MemoryPool:
         return tensor, block
 
     def _take_free(self, need: int) -> Block | None:
-        fits = [b for b in self.free if b.nbytes >= need]
-        if not fits:
+        at = bisect.bisect_left(self._free, (need, -1))
+        if at == len(self._free):
             return None
-        best = min(fits, key=lambda b: b.nbytes)  # best fit, first of equals: deterministic
-        self.free.remove(best)
+        _, _, best = self._free.pop(at)
+        self._free_ids.discard(id(best))
         return best
+
+    def _offer(self, block: Block) -> None:
+        if id(block) in self._free_ids:
+            return
+        self._free_ids.add(id(block))
+        bisect.insort(self._free, (block.nbytes, next(self._order), block), key=lambda e: e[:2])
 
     def release(self, blocks: list[Block]) -> None:
         """Offer blocks that back only graph-internal tensors to later captures."""
-        self.free.extend(b for b in blocks if b not in self.free)
+        for block in blocks:
+            self._offer(block)
 
     def forget_graph(self, graph: str, blocks: list[Block]) -> None:
         self.graph_bytes.pop(graph, None)
-        for b in blocks:
-            if b not in self.free:
-                self.free.append(b)
+        for block in blocks:
+            self._offer(block)
 
 
 class PoolRegistry:

@@ -1,15 +1,17 @@
 """Capture: record the device work of a forward once, as a tape of nodes.
 
 A ``TorchDispatchMode`` sees every aten (and custom ``torch.library``) op below autograd. During
-a capture nothing is computed; each op becomes a node, and the tape is what a replay runs:
+a capture nothing visible is computed; each op becomes a node, and the tape is what a replay runs:
 
 * tensor arguments are kept by reference, i.e. bound by address: a replay reads their current
   contents and writes in place, and rebinding a Python variable to another tensor changes
   nothing, exactly as on hardware;
 * every other argument (ints, floats, lists such as ``actual_seq_lengths``) is deep-copied:
   frozen at its capture-time value;
-* functional ops get outputs allocated from the graph's memory pool (shape inference on meta
-  tensors), filled with poison: they hold no valid data until the first replay;
+* functional ops get outputs allocated from the graph's memory pool, filled with poison: they
+  hold no valid data until the first replay. Their shapes come from shape inference, memoized
+  per op signature: an aten op runs once on the host and its values are thrown away (cheaper
+  than aten's Python meta kernels); collectives and ``torch.library`` ops use meta tensors;
 * ops that write their arguments (in-place, ``.out``) are not run: capture has no visible side
   effect; replay runs them once each;
 * views are made now (they compute nothing) and skipped on replay, since they alias storage
@@ -29,7 +31,7 @@ from typing import Any, Callable, Iterator, Literal
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_map
 
 from ..errors import CAPTURE_SYNC_MESSAGE, CaptureError
 from .pool import Block, MemoryPool
@@ -83,8 +85,7 @@ class OpNode:
             return
         result = self.func(*self.args, **self.kwargs)
         if self.kind == "functional":
-            flat, _ = tree_flatten(result)
-            for captured, fresh in zip(self.outputs, flat):
+            for captured, fresh in zip(self.outputs, _tensors(result)):
                 if self.func.namespace == "_c10d_functional":
                     # An asynchronous collective: its result is valid only once waited on, and
                     # the tape's own wait_tensor waits on the captured buffer, not this one.
@@ -106,21 +107,143 @@ def _is_write(arg: torch._C.Argument) -> bool:
     return arg.alias_info is not None and arg.alias_info.is_write
 
 
+#: Host values that cannot change after capture: kept as they are, never copied.
+_IMMUTABLE = (int, float, bool, str, complex, type(None), torch.dtype, torch.device, torch.layout,
+              torch.memory_format)
+#: Exact types kept by reference by :func:`_frozen` (tensors: bound by address; the rest immutable).
+_KEPT = frozenset({*_IMMUTABLE, torch.Tensor, torch.nn.Parameter, torch.Size})
+
+
 def _frozen(value: Any) -> Any:
     """Deep-copy everything but tensors: host values are frozen at capture time."""
-    if isinstance(value, torch.Tensor):
+    kind = type(value)
+    if kind in _KEPT or isinstance(value, torch.Tensor):
         return value
+    if kind is tuple or kind is list:
+        return kind(_frozen(v) for v in value)
     if isinstance(value, (list, tuple)):
-        return type(value)(_frozen(v) for v in value)
+        return kind(_frozen(v) for v in value)
     if isinstance(value, dict):
         return {k: _frozen(v) for k, v in value.items()}
     return copy.deepcopy(value)
+
+
+def _frozen_args(args: tuple) -> tuple:
+    """:func:`_frozen` for a positional-argument tuple, which is most often tensors and ints."""
+    for value in args:
+        if type(value) not in _KEPT:
+            return tuple(_frozen(v) for v in args)
+    return args
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or results (a plain walk: pytree is slow per op)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    found: list[torch.Tensor] = []
+    _collect(value, found)
+    return found
+
+
+def _collect(value: Any, found: list[torch.Tensor]) -> None:
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                found.append(v)
+            elif isinstance(v, (list, tuple, dict)):
+                _collect(v, found)
+    elif isinstance(value, dict):
+        _collect(list(value.values()), found)
+    elif isinstance(value, torch.Tensor):
+        found.append(value)
 
 
 def _to_meta(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
     return value
+
+
+@dataclass(frozen=True)
+class _TensorSpec:
+    """What shape inference says of one output: enough to allocate it from a pool."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _signature(value: Any) -> Any:
+    """A hashable key of everything an op's shape inference can read from its arguments.
+
+    Tensors contribute their metadata (never their values: an op whose output shape depends on
+    values is rejected as a host sync before inference). Raises TypeError for unhashable hosts.
+    """
+    if isinstance(value, torch.Tensor):
+        return (value.shape, value.stride(), value.dtype, value.device, value.storage_offset())
+    if isinstance(value, (list, tuple)):
+        return (type(value), *map(_signature, value))
+    if isinstance(value, dict):
+        return tuple((k, _signature(v)) for k, v in value.items())
+    if not isinstance(value, _IMMUTABLE):
+        raise TypeError(f"no signature for {type(value).__name__}")
+    return (type(value), value)
+
+
+def _spec_of(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return _TensorSpec(tuple(value.shape), tuple(value.stride()), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_spec_of(v) for v in value)
+    return value
+
+
+#: Shape inference results per (op, argument signature), for the whole process: a 40-layer
+#: model issues the same few signatures thousands of times, and inference is pure.
+_INFERRED: dict[Any, Any] = {}
+_INFERRED_MAX = 100_000
+
+
+@dataclass(frozen=True)
+class _OpInfo:
+    """What :meth:`Capture.record` needs to know about an op, read once from its schema."""
+
+    name: str
+    host_returns: bool
+    data_dependent: bool
+    rng: bool
+    inplace_view: bool
+    writes: bool
+    view: bool
+    allocation: bool
+    run_to_infer: bool  # an aten op without RNG: its CPU kernel is the cheapest shape inference
+    guarded: bool  # whether Capture._guard has anything to check (host syncs, RNG)
+
+
+_OP_INFO: dict[Any, _OpInfo] = {}
+
+
+def _op_info(func: torch._ops.OpOverload) -> _OpInfo:
+    info = _OP_INFO.get(func)
+    if info is None:
+        schema, tags = func._schema, func.tags
+        rng = torch.Tag.nondeterministic_seeded in tags
+        host_returns = any(str(r.type) not in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns)
+        data_dependent = torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags
+        info = _OpInfo(
+            name=schema.name,
+            host_returns=host_returns,
+            data_dependent=data_dependent,
+            rng=rng,
+            inplace_view=torch.Tag.inplace_view in tags,
+            writes=any(_is_write(a) for a in schema.arguments),
+            view=bool(schema.returns) and all(r.alias_info is not None for r in schema.returns),
+            allocation=schema.name in _ALLOCATION_OPS,
+            run_to_infer=func.namespace == "aten" and not rng,
+            guarded=host_returns or data_dependent or rng or schema.name in _BOOL_INDEX_OPS,
+        )
+        _OP_INFO[func] = info
+    return info
 
 
 class Capture:
@@ -168,46 +291,49 @@ class Capture:
         raise error
 
     def record(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-        schema = func._schema
-        tags = func.tags
-        if any(str(r.type) not in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns):
-            self.host_sync(f"{schema.name} returns a host value")
-        if torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags:
-            self.host_sync(f"{schema.name} has a data-dependent result")
-        if schema.name in _BOOL_INDEX_OPS and _has_bool_index(args):
-            self.host_sync(f"boolean-mask indexing ({schema.name})")
-        if torch.Tag.nondeterministic_seeded in tags and not self.allow_rng:
+        info = _OP_INFO.get(func) or _op_info(func)
+        if info.guarded:
+            self._guard(func, info, args)
+        if info.inplace_view:  # metadata-only (t_, squeeze_): apply now, never again
+            return func(*args, **kwargs)
+
+        node = OpNode(len(self.nodes), func, _frozen_args(args), _frozen(kwargs) if kwargs else {},
+                      "functional")
+        if info.writes:
+            node.kind = "mutating"
+            result = self._aliased_returns(func, args, kwargs)
+        elif info.view:
+            node.kind = "view"
+            result = func(*args, **kwargs)
+            self.allocated.extend(_tensors(result))
+        else:
+            result = self._allocate_outputs(func, args, kwargs)
+            node.outputs = _tensors(result)
+            if info.allocation:
+                node.kind = "allocation"
+        self._add(node, info.name)
+        return result
+
+    def _guard(self, func: torch._ops.OpOverload, info: _OpInfo, args: tuple) -> None:
+        """Host syncs and RNG: what a capture must refuse."""
+        if info.host_returns:
+            self.host_sync(f"{info.name} returns a host value")
+        if info.data_dependent:
+            self.host_sync(f"{info.name} has a data-dependent result")
+        if info.name in _BOOL_INDEX_OPS and _has_bool_index(args):
+            self.host_sync(f"boolean-mask indexing ({info.name})")
+        if info.rng and not self.allow_rng:
             error = CaptureError(
-                f"{schema.name} draws random numbers inside the capture of {self.graph_name}; a real "
+                f"{info.name} draws random numbers inside the capture of {self.graph_name}; a real "
                 "graph must register the generator state (pass allow_rng=True to capture it)"
             )
             self.failed = self.failed or error
             raise error
 
-        if torch.Tag.inplace_view in tags:  # metadata-only (t_, squeeze_): apply now, never again
-            return func(*args, **kwargs)
-
-        writes = [a for a in schema.arguments if _is_write(a)]
-        node = OpNode(len(self.nodes), func, _frozen(args), _frozen(kwargs), "functional")
-        if writes:
-            node.kind = "mutating"
-            result = self._aliased_returns(func, args, kwargs)
-        elif schema.returns and all(r.alias_info is not None for r in schema.returns):
-            node.kind = "view"
-            result = func(*args, **kwargs)
-            self.allocated.extend(t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor))
-        else:
-            result = self._allocate_outputs(func, args, kwargs)
-            node.outputs = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor)]
-            if schema.name in _ALLOCATION_OPS:
-                node.kind = "allocation"
-        self._add(node)
-        return result
-
-    def _add(self, node: OpNode) -> None:
+    def _add(self, node: OpNode, name: str) -> None:
         if self._open_group is not None:
             node.group = self._open_group
-        elif self.auto_dispatch and node.func._schema.name in UPDATABLE_OPS:
+        elif self.auto_dispatch and name in UPDATABLE_OPS:
             node.group = len(self.groups)
             self.groups[node.group] = []
         if node.group is not None:
@@ -229,20 +355,17 @@ class Capture:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _allocate_outputs(self, func, args, kwargs) -> Any:
-        try:
-            shaped = func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
-        except (NotImplementedError, RuntimeError):
-            shaped = func(*args, **kwargs)  # no meta kernel: the values are discarded below
+        def allocate(spec: Any) -> Any:
+            if isinstance(spec, _TensorSpec):
+                tensor, block = self.pool.allocate(spec.shape, spec.stride, spec.dtype, self.graph_name)
+                self.blocks.append(block)
+                self.allocated.append(tensor)
+                return tensor
+            if isinstance(spec, (list, tuple)):
+                return type(spec)(allocate(s) for s in spec)
+            return spec
 
-        def allocate(t: Any) -> Any:
-            if not isinstance(t, torch.Tensor):
-                return t
-            tensor, block = self.pool.allocate(t.shape, t.stride(), t.dtype, self.graph_name)
-            self.blocks.append(block)
-            self.allocated.append(tensor)
-            return tensor
-
-        return tree_map(allocate, shaped)
+        return allocate(_infer_outputs(func, args, kwargs))
 
     # -- end of capture ----------------------------------------------------------------------
     def release_intermediates(self) -> None:
@@ -254,9 +377,8 @@ class Capture:
         internal: dict[int, int] = {}
         for node in self.nodes:
             if isinstance(node, OpNode):
-                for t in tree_flatten((node.args, node.kwargs, node.outputs))[0]:
-                    if isinstance(t, torch.Tensor):
-                        internal[id(t)] = internal.get(id(t), 0) + 1
+                for t in _tensors((node.args, node.kwargs, node.outputs)):
+                    internal[id(t)] = internal.get(id(t), 0) + 1
         for t in self.allocated:
             internal[id(t)] = internal.get(id(t), 0) + 1
         live = set()
@@ -268,11 +390,59 @@ class Capture:
 
 
 def _has_bool_index(args: tuple) -> bool:
-    flat, _ = tree_flatten(args[1:])
-    return any(isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8) for t in flat)
+    return any(t.dtype in (torch.bool, torch.uint8) for t in _tensors(args[1:]))
 
 
-class CaptureMode(TorchDispatchMode):
+def _infer_outputs(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    """The outputs' shapes, strides and dtypes (as :class:`_TensorSpec` in the result's structure).
+
+    Memoized per signature. On a miss an aten op runs once on its arguments and its values are
+    thrown away: a functional op changes nothing it is given, and on CPU its kernel is far
+    cheaper than the Python meta kernels (refs, prims) that aten's elementwise ops resolve to
+    on the meta device, which would also import torch._dynamo and sympy on first use. Other
+    ops (collectives, ``torch.library`` ops) and any op that cannot run on the capture's
+    contents (pool memory is poisoned) are inferred on meta tensors.
+    """
+    try:
+        key = (func, _signature(args), _signature(kwargs))
+    except TypeError:
+        key = None
+    spec = _INFERRED.get(key) if key is not None else None
+    if spec is None:
+        spec = _spec_of(_run_for_shapes(func, args, kwargs))
+        if key is not None:
+            if len(_INFERRED) >= _INFERRED_MAX:
+                _INFERRED.clear()
+            _INFERRED[key] = spec
+    return spec
+
+
+def _run_for_shapes(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    if _op_info(func).run_to_infer:
+        try:
+            return func(*args, **kwargs)
+        except Exception:  # noqa: BLE001 - e.g. an index read from poisoned memory; meta next
+            pass
+    try:
+        return func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
+    except (NotImplementedError, RuntimeError):
+        return func(*args, **kwargs)  # no meta kernel: the values are discarded
+
+
+class EmulatorDispatchMode(TorchDispatchMode):
+    """Base of the emulator's dispatch modes.
+
+    torch wraps a mode's ``__torch_dispatch__`` in ``torch._dynamo.disable`` unless the mode
+    opts out; the wrapper's first call imports torch._dynamo (about 2 s per process). The
+    emulator's modes never run under torch.compile, so they opt out.
+    """
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+
+class CaptureMode(EmulatorDispatchMode):
     """Routes every op issued while capturing into the :class:`Capture`."""
 
     def __init__(self, capture: Capture) -> None:

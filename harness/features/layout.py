@@ -1,0 +1,58 @@
+"""The rank layout of an item: one axis per active rank-axis feature, in registry order.
+
+The first axis is the outermost: with dp, tp (SP) and cp, ``rank = (dp_rank * tp + tp_rank) *
+cp + cp_rank``. Every rank creates every group of every axis, in the same order (a
+``torch.distributed.new_group`` rule), and keeps the one it belongs to.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from harness.features.base import Feature
+from harness.graph.shape import RankAxis, RankContext
+
+
+def axis_sizes(features: Sequence[Feature]) -> list[tuple[str, int]]:
+    """(axis, size) for every active feature that spreads over ranks, outermost first."""
+    return [(f.axis, f.world_size()) for f in features if f.axis and f.world_size() > 1]
+
+
+def coordinates(sizes: Sequence[tuple[str, int]], rank: int) -> dict[str, int]:
+    """This rank's index on every axis (row-major, the first axis outermost)."""
+    coords: dict[str, int] = {}
+    stride = math.prod(size for _, size in sizes)
+    for name, size in sizes:
+        stride //= size
+        coords[name] = (rank // stride) % size
+    return coords
+
+
+def describe(sizes: Sequence[tuple[str, int]]) -> str:
+    world = math.prod(size for _, size in sizes)
+    return f"{world} ranks ({' x '.join(f'{name} {size}' for name, size in sizes)})"
+
+
+def rank_context(features: Sequence[Feature], rank: int, world: int, new_group: Any = None) -> RankContext:
+    """This rank's place and process groups (``new_group``: ``torch.distributed.new_group``)."""
+    sizes = axis_sizes(features)
+    if math.prod(size for _, size in sizes) != world:
+        raise ValueError(f"world size {world} does not match the layout {describe(sizes)}")
+    if new_group is None:
+        import torch.distributed as dist
+
+        new_group = dist.new_group
+    mine = coordinates(sizes, rank)
+    axes: dict[str, RankAxis] = {}
+    for name, size in sizes:
+        members: dict[tuple[int, ...], list[int]] = {}
+        for r in range(world):
+            c = coordinates(sizes, r)
+            key = tuple(v for axis, v in c.items() if axis != name)
+            members.setdefault(key, []).append(r)
+        for key in sorted(members):
+            group = new_group(members[key])
+            if rank in members[key]:
+                axes[name] = RankAxis(size, mine[name], group)
+    return RankContext(rank, world, axes)

@@ -1,0 +1,227 @@
+"""The step planner: one step in, one frozen :class:`StepPlan` out, dispatched exactly once.
+
+Modelled on vLLM's split between ``CudagraphDispatcher`` (decides) and ``CUDAGraphWrapper``
+(trusts the decision): the planner owns the dispatcher and everything that decides a step's
+shape; the runner (:mod:`harness.graph.runner`) only executes plans.
+
+A plan is made in this order, and nothing is decided twice:
+
+1. the unpadded metadata of this rank's batch (or none: an idle DP rank);
+2. the shape this rank proposes (:class:`StepShape`: real tokens, uniform decode, has work),
+   then every feature's ``agree`` (DP all-reduces it: max tokens, uniform only if uniform on
+   every rank). The agreed shape is the dispatcher's input;
+3. **one** dispatch of the agreed shape (the dispatcher also rounds eager batches up to the
+   features' token multiple, e.g. SP's tp);
+4. the metadata padded to the decision's token count (the FIA padding fix), minus the tokens
+   of any feature whose fix is off (the known-bad pipeline), then each feature's view of it
+   for this rank (CP shards it);
+5. the padding ledger: who added how many tokens to T.
+
+The reference path (eager, unpadded) and an idle rank are plans of their own kind, not
+invented dispatch decisions. Pure host logic: no torch, no engine.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+from harness.graph.dispatcher import BatchDescriptor, DispatchDecision, Dispatcher, is_uniform_decode
+from harness.graph.metadata import (
+    PAD_SLOT_ID,
+    AttentionMetadata,
+    ScheduledRequest,
+    build_attention_metadata,
+    pad_attention_metadata,
+)
+from harness.graph.modes import CUDAGraphMode
+from harness.graph.scheduler import Step
+from harness.graph.shape import SINGLE_RANK, RankContext, RunShape, StepShape
+
+__all__ = ["PaddingLedger", "PlanKind", "PlannerConfig", "StepPlan", "StepPlanner"]
+
+
+class PlanKind(enum.Enum):
+    REFERENCE = "reference"  # eager, unpadded: what the step should compute; never dispatched
+    STEP = "step"  # this rank's batch, dispatched once
+    IDLE = "idle"  # no batch on this rank: the agreed decision runs on dummy requests
+
+
+@dataclass(frozen=True)
+class PaddingLedger:
+    """Where T came from: real tokens, draft tokens, the bucket, and each feature's share."""
+
+    real: int
+    spec: int = 0
+    bucket: int = 0
+    features: tuple[tuple[str, int], ...] = ()  # (ledger column, tokens), only non-zero ones
+
+    @property
+    def total(self) -> int:
+        return self.real + self.spec + self.bucket + sum(n for _, n in self.features)
+
+    def to_dict(self) -> dict[str, int]:
+        out = {"real": self.real, "bucket": self.bucket}
+        if self.spec:
+            out["spec"] = self.spec
+        out.update(self.features)
+        return out
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Everything about one step on one path that is decided before it runs."""
+
+    kind: PlanKind
+    meta: AttentionMetadata  # unpadded (this rank's batch; the dummy batch of an idle rank)
+    decision: DispatchDecision | None  # None for the reference path
+    padded: AttentionMetadata  # what the path runs: padded, and this rank's view of it
+    ledger: PaddingLedger
+    shape: StepShape  # what the ranks agreed on (the dispatcher's input)
+    uniform: bool  # this rank's batch is uniform decode
+
+    @property
+    def runtime_mode(self) -> CUDAGraphMode:
+        return self.decision.runtime_mode if self.decision else CUDAGraphMode.NONE
+
+    @property
+    def num_tokens_padded(self) -> int:
+        return self.decision.num_tokens_padded if self.decision else self.meta.num_actual_tokens
+
+    @property
+    def run_shape(self) -> RunShape:
+        return RunShape(self.num_tokens_padded, self.runtime_mode)
+
+    @property
+    def dispatch_reason(self) -> str:
+        return self.decision.reason if self.decision else "reference: eager, unpadded"
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    mode: CUDAGraphMode
+    capture_sizes: tuple[int, ...]
+    max_num_seqs: int
+    uniform_decode_query_len: int
+    block_size: int
+    max_blocks_per_req: int
+    fia_padding: bool = True  # the core fix: dummy requests so actual_seq_lengths[-1] == T
+    num_speculative_tokens: int = 0
+
+
+class StepPlanner:
+    """Owns the dispatcher; turns each step of one path into a :class:`StepPlan`."""
+
+    def __init__(self, config: PlannerConfig, features: Sequence[Any] = (), ctx: RankContext = SINGLE_RANK) -> None:
+        self.config, self.features, self.ctx = config, tuple(features), ctx
+        multiple = math.lcm(1, *(f.token_multiple() for f in self.features))
+        self.dispatcher = Dispatcher(config.mode, config.capture_sizes, config.uniform_decode_query_len,
+                                     config.max_num_seqs, token_multiple=multiple)
+
+    # -- what to capture ----------------------------------------------------------------------
+    def capture_plans(self) -> list[tuple[CUDAGraphMode, BatchDescriptor, AttentionMetadata]]:
+        """Every graph the dispatcher can name, with the dummy batch it is captured on."""
+        return [(mode, key, self._dummy_metadata(key)) for mode, key in self.dispatcher.capture_keys()]
+
+    def _dummy_metadata(self, key: BatchDescriptor) -> AttentionMetadata:
+        """A legal batch of the key's shape, all of it in the null block (slot -1)."""
+        cfg = self.config
+        q = cfg.uniform_decode_query_len
+        if key.uniform_decode:
+            lens = [q] * (key.num_reqs or 1)
+        else:
+            n = max(1, min(key.num_tokens, cfg.max_num_seqs))
+            lens = [1] * (n - 1) + [key.num_tokens - (n - 1)]
+        requests = [ScheduledRequest(f"dummy{i}", 0, n, (0,) * cfg.max_blocks_per_req) for i, n in enumerate(lens)]
+        meta = self.metadata(requests)
+        return self._rank_view(replace(meta, slot_mapping=[PAD_SLOT_ID] * meta.num_input_tokens))
+
+    # -- per step -----------------------------------------------------------------------------
+    def metadata(self, requests: Sequence[ScheduledRequest]) -> AttentionMetadata:
+        return build_attention_metadata(requests, self.config.block_size, self.config.max_blocks_per_req)
+
+    def reference(self, step: Step | None) -> StepPlan | None:
+        """The reference path's plan: this step eagerly, unpadded, on the single-rank model."""
+        if step is None:
+            return None
+        meta = self.metadata(step.requests)
+        uniform = is_uniform_decode(meta.query_lens, self.config.uniform_decode_query_len)
+        return StepPlan(PlanKind.REFERENCE, meta, None, meta, PaddingLedger(meta.num_actual_tokens),
+                        StepShape(meta.num_actual_tokens, uniform), uniform)
+
+    def plan(self, step: Step | None) -> StepPlan | None:
+        """This rank's plan for ``step`` (None: this rank idle, with it or all ranks; see below).
+
+        Returns None when no rank has work; an idle rank whose peers have work gets an IDLE plan.
+        """
+        cfg = self.config
+        q = cfg.uniform_decode_query_len
+        meta = self.metadata(step.requests) if step is not None else None
+        uniform = meta is not None and is_uniform_decode(meta.query_lens, q)
+        real = meta.num_actual_tokens if meta is not None else 0
+        # An idle rank proposes 0 tokens and "uniform": it never vetoes the busy ranks' graph.
+        shape = StepShape(real, uniform or meta is None, has_work=meta is not None)
+        added: dict[Any, int] = {}  # feature -> tokens it added to T
+        woke: Any = None  # the feature that gave an idle rank work (DP: a busy peer)
+        for feature in self.features:
+            agreed = feature.agree(shape, self.ctx)
+            if agreed.num_tokens != shape.num_tokens:
+                added[feature] = agreed.num_tokens - shape.num_tokens
+            if agreed.has_work and not shape.has_work:
+                woke = feature
+            shape = agreed
+        if not shape.has_work:
+            return None
+        num_reqs = shape.num_tokens // q if shape.uniform_decode else (meta.num_reqs if meta is not None else 1)
+        decision = self.dispatcher.dispatch(shape.num_tokens, num_reqs, shape.uniform_decode)
+        tokens = decision.num_tokens_padded
+        if decision.runtime_mode is CUDAGraphMode.NONE and tokens > shape.num_tokens:
+            # The only padding of an eager batch: a feature's token multiple (SP's tp).
+            owner = next(f for f in self.features if f.token_multiple() > 1)
+            added[owner] = added.get(owner, 0) + tokens - shape.num_tokens
+            bucket = 0
+        else:
+            bucket = tokens - shape.num_tokens
+        if meta is None:
+            idle = self._idle_metadata(tokens)
+            ledger = PaddingLedger(0, features=((woke.ledger or woke.name, tokens),))
+            return StepPlan(PlanKind.IDLE, idle, decision, self._rank_view(idle), ledger, shape, True)
+        drafts = sum(r.num_new_tokens - 1 for r, d in zip(step.requests, step.decodes) if d) \
+            if cfg.num_speculative_tokens else 0
+        ledger = PaddingLedger(real - drafts, drafts, bucket,
+                               tuple((f.ledger or f.name, n) for f, n in added.items() if n))
+        padded = self._rank_view(self._pad(meta, decision, added))
+        return StepPlan(PlanKind.STEP, meta, decision, padded, ledger, shape, uniform)
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _pad(self, meta: AttentionMetadata, decision: DispatchDecision, added: dict[Any, int]) -> AttentionMetadata:
+        """Pad to T; tokens added by a feature whose fix is off are left out of the request lists."""
+        cfg = self.config
+        total = decision.num_tokens_padded
+        unfixed = {f: n for f, n in added.items() if n and not f.fix_on}
+        covered = total - sum(unfixed.values())
+        padded = pad_attention_metadata(meta, covered, uniform_decode_query_len=cfg.uniform_decode_query_len,
+                                        runtime_mode=decision.runtime_mode, configured_mode=cfg.mode,
+                                        fia_padding_fix=cfg.fia_padding)
+        if unfixed:
+            why = ", ".join(f"{f.name} added {n} token(s) with its fix {'/'.join(f.fixes_off)} off"
+                            for f, n in unfixed.items())
+            extra = total - padded.num_input_tokens
+            padded = replace(padded, num_input_tokens=total, slot_mapping=padded.slot_mapping + [PAD_SLOT_ID] * extra,
+                             positions=padded.positions + [0] * extra, padding_source=f"{padded.padding_source}; {why}")
+        return padded
+
+    def _idle_metadata(self, num_tokens: int) -> AttentionMetadata:
+        """An idle DP rank's batch: one dummy request of KV length 0 holding every token."""
+        cfg = self.config
+        dummy = ScheduledRequest("idle", 0, num_tokens, (0,) * cfg.max_blocks_per_req)
+        meta = self.metadata([dummy])
+        return replace(meta, seq_lens=[0], slot_mapping=[PAD_SLOT_ID] * num_tokens, positions=[0] * num_tokens,
+                       num_actual_tokens=0, padding_source=f"idle DP rank: {num_tokens} dummy tokens")
+
+    def _rank_view(self, meta: AttentionMetadata) -> AttentionMetadata:
+        for feature in self.features:
+            meta = feature.rank_metadata(meta, self.ctx, self.config.block_size)
+        return meta

@@ -1,0 +1,100 @@
+"""The ``features:`` and ``fixes:`` sections of the schema, generated from the feature registry.
+
+Each registered feature contributes its settings model under ``features.<name>`` and its fix
+switches under ``fixes.<switch>``, so a feature installed from another package gets a typed,
+validated section (and a JSON Schema entry) without a change to this package. The models are
+built when :mod:`harness.scenario.schema` is imported; a feature installed later in the same
+process (a test that adds an entry point at run time) is validated the same way, against the
+registry of the moment, as an extra key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+
+from harness.features import all_fix_switches, registry
+
+__all__ = ["CORE_FIXES", "build_features_model", "build_fixes_model"]
+
+#: The pipeline's own fixes (not any feature's): name -> description.
+CORE_FIXES = {
+    "fia_padding": "Dummy-request padding for the FIA check.",
+    "host_param_update": "Per-layer task-group update of FIA host parameters after replay.",
+    "static_inputs": "Copy inputs into the static buffers before replay (false: write to a fresh tensor).",
+}
+
+
+def _issues(error: ValidationError, prefix: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], str]]:
+    out = []
+    for e in error.errors():
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key {e['loc'][-1]!r}"
+        out.append((prefix + tuple(e["loc"]), msg))
+    return out
+
+
+def build_features_model(base: type[BaseModel], consistency_error: type[Exception]) -> type[BaseModel]:
+    """``features:``: one field per registered feature, typed by its settings model."""
+    classes = registry()
+
+    class _Features(base):  # type: ignore[misc, valid-type]
+        model_config = ConfigDict(extra="allow", strict=True)
+
+        @model_validator(mode="after")
+        def _late_features(self) -> Any:
+            """Keys the model was not built with: features registered since (else an error)."""
+            now = registry()
+            issues: list[tuple[tuple[Any, ...], str]] = []
+            for name, value in list((self.__pydantic_extra__ or {}).items()):
+                if name not in now:
+                    issues.append(((name,), f"unknown feature {name!r}; known: {', '.join(sorted(now))}"))
+                    continue
+                try:
+                    self.__pydantic_extra__[name] = now[name].Settings.model_validate(value or {})
+                except ValidationError as error:
+                    issues.extend(_issues(error, (name,)))
+            if issues:
+                raise consistency_error(issues)
+            return self
+
+    fields: dict[str, Any] = {
+        name: (cls.Settings, Field(default_factory=cls.Settings, description=cls.marker or None))
+        for name, cls in classes.items()
+    }
+    model = create_model("Features", __base__=_Features, **fields)
+    model.__doc__ = ("Features by name (the registry: built-ins and entry points), each with its typed "
+                     "settings; see docs/features.md.")
+    return model
+
+
+def build_fixes_model(base: type[BaseModel], consistency_error: type[Exception]) -> type[BaseModel]:
+    """``fixes:``: the core fixes, then every registered feature's switches (all on by default)."""
+    switches = all_fix_switches()
+
+    class _Fixes(base):  # type: ignore[misc, valid-type]
+        model_config = ConfigDict(extra="allow", strict=True)
+
+        @model_validator(mode="after")
+        def _late_switches(self) -> Any:
+            now = all_fix_switches()
+            issues: list[tuple[tuple[Any, ...], str]] = []
+            for name, value in (self.__pydantic_extra__ or {}).items():
+                if name not in now:
+                    known = ", ".join(sorted([*CORE_FIXES, *now]))
+                    issues.append(((name,), f"unknown fix switch {name!r}; known: {known}"))
+                elif not isinstance(value, bool):
+                    issues.append(((name,), f"a fix switch is true or false (got {value!r})"))
+            if issues:
+                raise consistency_error(issues)
+            return self
+
+    fields: dict[str, Any] = {name: (bool, Field(True, description=text)) for name, text in CORE_FIXES.items()}
+    for name, (feature, switch) in switches.items():
+        fields[name] = (bool, Field(switch.default, description=f"{feature}: {switch.description} "
+                                                                 f"(off: {switch.known_bad})"))
+    model = create_model("Fixes", __base__=_Fixes, **fields)
+    model.__doc__ = "Fixes in the pipeline under test; ``false`` switches a fix off (the buggy pipeline)."
+    return model

@@ -1,0 +1,141 @@
+"""The step planner: every step of every dispatched path is dispatched exactly once.
+
+The count is taken on the real pipeline (``session.run_rank``): ``Dispatcher.dispatch`` is
+wrapped to count calls, and every ``StepPlanner.plan`` / ``reference`` call must account for
+exactly one (plan: a step or an idle rank's dummies) or zero (reference, or no work on any
+rank) of them; nothing else may dispatch. Single-rank runs cover every mode with and without
+speculative decoding; multi-rank runs (real processes) cover SP, DP with idle ranks, and CP.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.graph import plan as plan_module
+from harness.graph.capture_sizes import resolve_capture_sizes
+from harness.graph.dispatcher import Dispatcher
+from harness.graph.plan import PlanKind
+from harness.ranks import run_ranks
+from harness.scenario import Scenario
+
+MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+
+
+def _scenario(mode: str, features: dict) -> dict:
+    return {
+        "model": {"kind": "random", "layers": 1, "num_heads": 4, "num_kv_heads": 4},
+        "graph": {"mode": mode, "capture_sizes": [1, 2, 4, 6, 8, 12, 16], "max_num_seqs": 4},
+        "steps": 6,
+        "features": features,
+        "workload": {"requests": [{"prompt_len": 5, "output_len": 4},
+                                  {"prompt_len": 2, "output_len": 5, "arrival_step": 1, "repeat": 2}]},
+    }
+
+
+def count_dispatches(scenario_json: dict, ctx=None) -> dict:
+    """Run one rank of ``scenario_json``; return what was dispatched where."""
+    from harness import session
+
+    calls = {"dispatch": 0, "outside_plan": 0, "plans": [], "bad": []}
+    inside = {"depth": 0}
+    original_dispatch = Dispatcher.dispatch
+    original_plan, original_reference = plan_module.StepPlanner.plan, plan_module.StepPlanner.reference
+
+    def dispatch(self, *args, **kwargs):
+        calls["dispatch"] += 1
+        if not inside["depth"]:
+            calls["outside_plan"] += 1
+        return original_dispatch(self, *args, **kwargs)
+
+    def counted(method, kind):
+        def wrapper(self, step):
+            before = calls["dispatch"]
+            inside["depth"] += 1
+            try:
+                result = method(self, step)
+            finally:
+                inside["depth"] -= 1
+            made = calls["dispatch"] - before
+            # A plan dispatches once; the reference path and "no rank has work" never do.
+            expected = 1 if kind == "plan" and result is not None else 0
+            label = (kind, result.kind.value if result is not None else None)
+            calls["plans"].append(label)
+            if made != expected:
+                calls["bad"].append((label, made))
+            return result
+        return wrapper
+
+    Dispatcher.dispatch = dispatch
+    plan_module.StepPlanner.plan = counted(original_plan, "plan")
+    plan_module.StepPlanner.reference = counted(original_reference, "reference")
+    try:
+        scenario = Scenario.model_validate(scenario_json)
+        if ctx is None:
+            session.run_rank(scenario, "emulated")
+        else:
+            session.run_rank(scenario, "emulated", ctx)
+    finally:
+        Dispatcher.dispatch = original_dispatch
+        plan_module.StepPlanner.plan, plan_module.StepPlanner.reference = original_plan, original_reference
+    return calls
+
+
+def _rank_counts(rank: int, world: int, scenario_json: dict) -> dict:
+    from harness.features.layout import rank_context
+    from harness.session import scenario_features
+
+    scenario = Scenario.model_validate(scenario_json)
+    return count_dispatches(scenario_json, rank_context(scenario_features(scenario), rank, world))
+
+
+def _assert_once(calls: dict) -> None:
+    assert calls["bad"] == [], f"steps not dispatched exactly once: {calls['bad']}"
+    assert calls["outside_plan"] == 0, "something outside the planner dispatched"
+    planned = [p for p in calls["plans"] if p[0] == "plan" and p[1] is not None]
+    assert calls["dispatch"] == len(planned) > 0
+
+
+@pytest.mark.parametrize("features", [{}, {"mtp": {"k": 2}}], ids=["plain", "mtp2"])
+@pytest.mark.parametrize("mode", MODES)
+def test_every_step_is_dispatched_exactly_once_on_one_rank(mode, features):
+    calls = count_dispatches(_scenario(mode, features))
+    _assert_once(calls)
+    assert ("reference", PlanKind.REFERENCE.value) in calls["plans"]
+
+
+@pytest.mark.parametrize("features", [
+    {"sp": {"tp": 2}},
+    {"dp": {"size": 2, "batches": "unequal"}},  # rank 1 idles: IDLE plans, still one dispatch each
+    {"cp": {"size": 2}},
+], ids=["sp2", "dp2_unequal", "cp2"])
+def test_every_step_is_dispatched_exactly_once_on_every_rank(features):
+    outcome = run_ranks(_rank_counts, 2, args=(_scenario("FULL_AND_PIECEWISE", features),), timeout=600)
+    assert outcome.ok, outcome.report()
+    for calls in outcome.results:
+        _assert_once(calls)
+    if "dp" in features:
+        assert any(p == ("plan", PlanKind.IDLE.value) for calls in outcome.results for p in calls["plans"])
+
+
+def test_sp_and_mtp_compose_capture_sizes_to_multiples_of_lcm():
+    """The bug of per-feature rules: SP kept [2, 4, 8], MTP rounded to q=3 -> [3, 6]: T=3 on tp=2."""
+    from harness.graph.capture_sizes import SizeConstraint
+
+    sp2 = SizeConstraint(2, "keep", "sequence parallel with tp=2")
+    k2 = SizeConstraint(3, "round_up", "speculative decoding with q=3")
+    assert resolve_capture_sizes(max_num_seqs=8, capture_sizes=[1, 2, 4, 8], constraints=[sp2, k2]) == [6]
+    sp4 = SizeConstraint(4, "keep", "sequence parallel with tp=4")
+    k3 = SizeConstraint(4, "round_up", "speculative decoding with q=4")
+    assert resolve_capture_sizes(max_num_seqs=8, capture_sizes=[1, 2, 4, 8, 16], constraints=[sp4, k3]) == [4, 8, 16]
+
+
+def test_preflight_and_run_use_the_same_composed_sizes():
+    from harness import session
+
+    scenario = Scenario.model_validate({**_scenario("FULL", {"sp": {"tp": 2}, "mtp": {"k": 2}}),
+                                        "graph": {"mode": "FULL", "capture_sizes": [1, 2, 4, 8]}})
+    features = session.scenario_features(scenario)
+    assert session.preflight(scenario) is None
+    sizes, _ = session.capture_sizes(scenario, features)
+    spec, run_sizes, _ = session.build_spec(scenario)
+    assert sizes == run_sizes == list(spec.graph.capture_sizes) == [6]
