@@ -102,10 +102,11 @@ def time_point(timing: Timing, point) -> None:
     """One scenario item in this process, through the call the pytest item makes."""
     from harness.session import run_point
 
-    cpu0, start = time.process_time(), time.perf_counter()
+    # CPU: this process, plus rank processes reaped meanwhile (live warm ranks are not counted).
+    cpu0, start = time.process_time() + _children_cpu(), time.perf_counter()
     result = run_point(point, backend="emulated")
     timing.wall.append(time.perf_counter() - start)
-    timing.cpu.append(time.process_time() - cpu0)
+    timing.cpu.append(time.process_time() + _children_cpu() - cpu0)
     captured = result.record.graphs_captured if result.record is not None else 0
     timing.notes.append(f"{point.display_name}: {result.outcome}, {captured} graphs")
 

@@ -9,8 +9,8 @@ junitxml properties and the pytest-html extras.
 from __future__ import annotations
 
 import errno
-import html
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,9 @@ import pytest
 
 from harness.collection import collect_points, parse_modes
 from harness.engine import BACKENDS
+from harness.report.record import report_record
 from harness.report.results import RECORD_KEY, item_record, metrics, write_results
-from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint
+from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, locate
 
 SCENARIO_DIR = "scenarios"
 _results_key = pytest.StashKey[list]()
@@ -68,6 +69,10 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)
     config.stash[_results_key] = []
     config.pluginmanager.register(ResultsCollector(config), "graph-harness-results")
+    if config.pluginmanager.hasplugin("html"):
+        from harness.report.html_hooks import HtmlReport
+
+        config.pluginmanager.register(HtmlReport(config.stash[_results_key]), "graph-harness-html")
     _describe_environment(config)
 
 
@@ -160,11 +165,17 @@ class ScenarioItem(pytest.Item):
             raise ScenarioFailed(result.verdict)
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]):  # type: ignore[override]
-        if isinstance(excinfo.value, ScenarioFailed):
-            lines = [str(excinfo.value)]
-            if self.record and self.record.get("traceback"):
-                lines.append(self.record["traceback"])
-            return "\n".join(lines)
+        # A verdict (failed, or known-bad and failed as expected) is explained by the record;
+        # pytest's traceback of the harness frames that raised it would explain nothing.
+        if isinstance(excinfo.value, (ScenarioFailed, pytest.xfail.Exception)) and self.record:
+            from harness.report.terminal import failure_text
+
+            where = f"{os.path.relpath(self.path, self.config.invocation_params.dir)}:{self.point.source.line or 1}"
+            text = failure_text(self.record, where=where,
+                                path=str(self.path), locate=locate, reports=_report_paths(self.config))
+            if self.record.get("traceback"):
+                text += "\n" + self.record["traceback"]
+            return text
         return super().repr_failure(excinfo)
 
     def reportinfo(self):
@@ -177,17 +188,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     report = outcome.get_result()
     if call.when != "call" or not isinstance(item, ScenarioItem) or item.record is None:
         return
-    try:
-        from pytest_html import extras
-    except ImportError:
-        return
-    try:
-        from harness.report.html import render_item
+    if item.config.pluginmanager.hasplugin("html"):
+        from harness.report.html_hooks import attach_fragment
 
-        fragment = render_item(item.record)
-    except Exception as error:  # noqa: BLE001 - a rendering bug must not lose the result
-        fragment = f"<pre>graph-harness could not render this item: {html.escape(repr(error))}</pre>"
-    report.extras = [*getattr(report, "extras", []), extras.html(fragment)]
+        attach_fragment(report, item.record)
 
 
 class ResultsCollector:
@@ -200,9 +204,9 @@ class ResultsCollector:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
             return
-        for name, value in report.user_properties:
-            if name == RECORD_KEY:
-                self.records.append(json.loads(value))
+        record = report_record(report)
+        if record is not None:
+            self.records.append(record)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(self.config, "workerinput"):
@@ -231,18 +235,17 @@ class ResultsCollector:
             terminalreporter.write_line(line, red=True, bold=True)
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_html_report_title(report) -> None:
-    report.title = "graph-harness: graph-mode scenarios"
+def _report_paths(config: pytest.Config) -> list[tuple[str, str | None]]:
+    """Where this run writes its HTML and JSON reports (as given, relative to the invocation)."""
+    json_path = config.getoption("--results-json") or os.path.join("reports", "graph-harness-results.json")
+    return [("HTML", getattr(config.option, "htmlpath", None)), ("JSON", json_path)]
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_html_results_summary(prefix, summary, postfix, session) -> None:
-    records = session.config.stash.get(_results_key, [])
-    if records:
-        from harness.report.html import render_summary
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    if config.stash.get(_results_key, None):
+        from harness.report.terminal import reports_line
 
-        prefix.append(render_summary(records))
+        terminalreporter.write_sep("-", f"graph-harness {reports_line(_report_paths(config))}")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

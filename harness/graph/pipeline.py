@@ -120,7 +120,7 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
             paths["graph"].finished = True
         record.capture_seconds = time.perf_counter() - started
         record.graphs_captured = runner.graphs_captured
-        record.stream_usage = dict(engine.stream_usage())
+        record.stream_usage = dict(engine.stream_usage(), by_bucket=runner.streams_by_bucket)
         record.memory = dict(engine.memory_report())
         stepper = Stepper(spec, planners, runner, eager, ctx, record)
         for _ in range(spec.max_steps):

@@ -142,6 +142,7 @@ class GraphRunner:
         self.pieces: dict[int, PiecewiseGraphs] = {}
         self.update_stream = engine.Stream()
         self.graphs_captured = 0
+        self.streams_by_bucket: list[dict[str, Any]] = []
 
     # -- capture -----------------------------------------------------------------------------
     def capture(self, plans: Sequence[tuple[CUDAGraphMode, BatchDescriptor, AttentionMetadata]]) -> None:
@@ -153,10 +154,23 @@ class GraphRunner:
                     self._run_eager(meta, [0] * key.num_tokens)
             self._write_static(StepInputs(meta, [0] * key.num_tokens))
             with fia_call_tags(phase="capture", bucket=key.num_tokens, graph=str(runtime_mode)):
-                if runtime_mode is CUDAGraphMode.FULL:
-                    self.full[key] = self._capture_full(key.num_tokens, meta, pool)
-                else:
-                    self.pieces[key.num_tokens] = self._capture_pieces(key.num_tokens, pool)
+                try:
+                    if runtime_mode is CUDAGraphMode.FULL:
+                        self.full[key] = self._capture_full(key.num_tokens, meta, pool)
+                    else:
+                        self.pieces[key.num_tokens] = self._capture_pieces(key.num_tokens, pool)
+                except Exception as error:
+                    self._log_streams(runtime_mode, key, needed=getattr(error, "needed", None), failed=True)
+                    raise
+            self._log_streams(runtime_mode, key)
+
+    def _log_streams(self, runtime_mode: CUDAGraphMode, key: BatchDescriptor, needed: int | None = None,
+                     failed: bool = False) -> None:
+        """Streams held after each bucket's capture (and what a failed one needed): the report
+        draws them against the pool."""
+        in_use = self.engine.stream_usage().get("in_use")
+        self.streams_by_bucket.append({"bucket": key.num_tokens, "mode": str(runtime_mode), "in_use": in_use,
+                                       "needed": needed, "failed": failed})
 
     def _capture_full(self, size: int, meta: AttentionMetadata, pool: Any) -> FullGraph:
         engine = self.engine

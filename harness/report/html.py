@@ -1,73 +1,71 @@
-"""HTML for one item record (pytest-html's per-item extra) and for the report's summary.
+"""The HTML report: one fragment per item, and the page's summary, from Jinja2 templates.
 
-Pure functions of the JSON-ready records built by :mod:`harness.report.results`: no pytest,
-no torch, no external CSS or JS. The fragment explains a verdict in triage order: the verdict,
-the checks, the evidence of each failing check (FIA violations, equality mismatches, stale
-host lists and the texts side by side, the stream budget), the per-step dispatch, path errors,
-and the scenario as run. Every value that came from a user or a run is escaped, and every
-section tolerates a partial record (a crashed item has ``run == {}``; a skipped one no run).
+Pure functions of the JSON-ready records built by :mod:`harness.report.results`: no pytest, no
+torch. Templates live in ``templates/`` and are autoescaped, so every value that came from a
+user or a run is escaped; Python prepares plain values (lists, strings) and the templates lay
+them out. An item's fragment reads in triage order: the verdict, the first failure (check,
+step, bucket, and the fix switch the scenario turned off), every check's state, a per-step
+token chart (failing items only: see :func:`render_item`), the evidence of the first failing
+check before any other and before explained mismatches, the texts side by side, the per-step
+dispatch, and the scenario as run. Every section tolerates a partial record (a crashed item
+has ``run == {}``; a skipped one no run).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from html import escape
+import os
+import re
+from collections.abc import Mapping
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
+import jinja2
 import yaml
 
-from harness.names import CheckName
+from harness.report import charts
+from harness.report.view import (EXPLAINED, FAIL, NOT_EVALUATED, check_states, feature_label, first_failure,
+                                 fixes_off, item_mode)
 
-__all__ = ["render_item", "render_summary", "STYLE"]
+__all__ = ["render_item", "render_page", "render_fragments", "row_values", "item_key", "fixes_sentence",
+           "TABLE_COLUMNS", "MAX_ROWS"]
 
 #: Rows of a violation / mismatch / stale table shown before an "N more" note.
-MAX_ROWS = 20
-_CHECK_ORDER = tuple(CheckName)  # the one list of check names (harness.names)
-_OUTCOME_LABEL = {
-    "passed": "passed",
-    "failed": "failed",
-    "xfailed": "xfailed (known-bad, failed as expected)",
-    "skipped": "skipped",
-}
+MAX_ROWS = 12
+#: Equality mismatches whose host-metadata deepdiff is shown (the first ones tell the story).
+MAX_METADATA = 3
+#: Outcomes whose items get charts: the ones a triager opens (drawing costs per item).
+CHART_OUTCOMES = ("failed", "xfailed")
+#: The columns graph-harness adds to pytest-html's results table: (column type, heading).
+TABLE_COLUMNS = (("mode", "Mode"), ("features", "Features"), ("check", "Failed check"),
+                 ("step", "Step"), ("bucket", "Bucket"))
 
-STYLE = """<style>
-.gh-item,.gh-summary{font:13px/1.4 system-ui,sans-serif;color:#222}
-.gh-item h4{margin:.9em 0 .3em;font-size:13px}
-.gh-item table,.gh-summary table{border-collapse:collapse;margin:.2em 0}
-.gh-item th,.gh-item td,.gh-summary th,.gh-summary td{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}
-.gh-item th,.gh-summary th{background:#f2f2f2}
-.gh-item pre{background:#f7f7f7;border:1px solid #ddd;padding:4px 6px;white-space:pre-wrap;margin:.2em 0}
-.gh-item .gh-verdict{font-size:14px;margin:.2em 0}
-.gh-item .gh-badge{display:inline-block;padding:0 6px;border-radius:3px;color:#fff;font-weight:600}
-.gh-item .gh-pass,.gh-summary .gh-pass{background:#2e7d32}
-.gh-item .gh-fail,.gh-summary .gh-fail{background:#c62828}
-.gh-item .gh-xfail{background:#ef6c00}
-.gh-item .gh-skip{background:#757575}
-.gh-item tr.gh-diff td{background:#fff3e0}
-.gh-item mark{background:#ffcdd2;padding:0 1px}
-.gh-item .gh-muted{color:#777}
-.gh-item .gh-tokens{font-family:monospace;word-break:break-all}
-</style>"""
+_OUTCOME_LABEL = {"passed": "passed", "failed": "failed", "xfailed": "xfailed (known-bad, failed as expected)",
+                  "skipped": "skipped"}
+_TEMPLATES = Path(__file__).with_name("templates")
+_SCRIPT_END = re.compile(r"<(/script|!--)", re.I)  # what could end or escape a script element
 
-_DOT = " \u00b7 "
-_OUTCOME_CLASS = {"passed": "gh-pass", "failed": "gh-fail", "xfailed": "gh-xfail", "skipped": "gh-skip"}
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
+                             undefined=jinja2.ChainableUndefined)
+    env.globals["zip"] = zip
+    return env
+
+
+@lru_cache(maxsize=4)
+def _static(name: str) -> str:
+    return (_TEMPLATES / name).read_text()
 
 
 # ---------------------------------------------------------------------------------------------
 # small helpers
 
 
-def _e(value: Any) -> str:
-    """Escaped text of ``value``; ``None`` as an em dash."""
-    if value is None:
-        return "\u2014"
-    if isinstance(value, float):
-        return escape(f"{value:.4g}")
-    return escape(str(value), quote=True)
-
-
-def _dict(value: Any) -> dict:
+def _dict(value: Any) -> Mapping:
     return value if isinstance(value, Mapping) else {}
 
 
@@ -75,14 +73,16 @@ def _list(value: Any) -> list:
     return list(value) if isinstance(value, (list, tuple)) else []
 
 
-def _ints(values: Any) -> str:
-    """A token / length list as space-separated ints."""
-    if not isinstance(values, (list, tuple)):
-        return _e(values)
-    return " ".join(_e(v) for v in values)
+def _text(value: Any) -> str:
+    """A value as a cell's text: ``None`` as an em dash, floats short."""
+    if value is None:
+        return "\u2014"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
-def _compact(value: Any, limit: int = 240) -> str:
+def _compact(value: Any, limit: int = 200) -> str:
     try:
         text = json.dumps(value, separators=(",", ":"), default=str)
     except (TypeError, ValueError):
@@ -90,96 +90,76 @@ def _compact(value: Any, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def _badge(passed: bool) -> str:
-    return '<span class="gh-badge gh-pass">PASS</span>' if passed else '<span class="gh-badge gh-fail">FAIL</span>'
-
-
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], row_classes: Sequence[str] | None = None) -> str:
-    """A table; ``headers`` are escaped here, cells must already be HTML."""
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = []
-    for i, row in enumerate(rows):
-        cls = row_classes[i] if row_classes and i < len(row_classes) and row_classes[i] else ""
-        attr = f' class="{cls}"' if cls else ""
-        body.append(f"<tr{attr}>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-def _more(total: int, shown: int, what: str = "rows") -> str:
-    return f'<p class="gh-muted">{total - shown} more {_e(what)} not shown</p>' if total > shown else ""
-
-
-def _details(summary: str, body: str, open_: bool = False) -> str:
-    return f"<details{' open' if open_ else ''}><summary>{summary}</summary>{body}</details>"
-
-
 def _yes_no(value: Any) -> str:
-    return "yes" if value is True else "no" if value is False else _e(value)
+    return "yes" if value is True else "no" if value is False else _text(value)
 
 
-def _pct(usage: Mapping) -> float | None:
+def _ints(values: Any) -> list[str]:
+    return [_text(v) for v in values] if isinstance(values, (list, tuple)) else [_text(values)]
+
+
+def _utilisation(usage: Mapping) -> float | None:
     util = usage.get("utilisation")
-    if isinstance(util, (int, float)):
-        return 100.0 * util
     in_use, pool = usage.get("in_use"), usage.get("pool_size")
     if isinstance(in_use, (int, float)) and isinstance(pool, (int, float)) and pool:
         return 100.0 * in_use / pool
-    return None
+    return 100.0 * util if isinstance(util, (int, float)) and in_use is not None else None
+
+
+def _relative(source: str) -> str:
+    """An absolute ``file:line`` under the working directory, as a relative one (shorter)."""
+    if not os.path.isabs(source):
+        return source
+    relative = os.path.relpath(source)
+    return source if relative.startswith("..") else relative
+
+
+def item_key(nodeid: str) -> str:
+    """A short, stable key that links a results-table row to its fragment on the page."""
+    return hashlib.sha1(nodeid.encode()).hexdigest()[:12]
+
+
+def fixes_sentence(record: Mapping) -> str:
+    """"fixes.host_param_update is false in this file": the switches whose removal explains it."""
+    off = fixes_off(record.get("scenario"))
+    if not off:
+        return ""
+    if len(off) == 1:
+        return f"{off[0]} is false in this file"
+    return f"{', '.join(off[:-1])} and {off[-1]} are false in this file"
 
 
 # ---------------------------------------------------------------------------------------------
-# sections
+# evidence sections (one plain dict each; the template lays it out)
 
 
-def _verdict(record: Mapping) -> str:
-    outcome = str(record.get("outcome") or "unknown")
-    cls = _OUTCOME_CLASS.get(outcome, "gh-skip")
-    label = _OUTCOME_LABEL.get(outcome, outcome)
-    run = _dict(record.get("run"))
-    facts = [f"source <code>{_e(record.get('source'))}</code>", f"backend <b>{_e(record.get('backend'))}</b>"]
-    if run.get("mode"):
-        facts.append(f"mode <b>{_e(run.get('mode'))}</b>")
-    if record.get("id"):
-        facts.append(f"id <code>{_e(record.get('id'))}</code>")
-    if isinstance(record.get("duration"), (int, float)):
-        facts.append(f"{record['duration']:.2f} s")
-    return (f'<p class="gh-verdict"><span class="gh-badge {cls}">{_e(label)}</span> '
-            f"{_e(record.get('verdict'))}</p><p>{_DOT.join(facts)}</p>")
-
-
-def _checks(checks: Mapping) -> str:
-    if not checks:
-        return "<h4>Checks</h4><p class=\"gh-muted\">no check ran</p>"
-    names = [n for n in _CHECK_ORDER if n in checks] + [n for n in checks if n not in _CHECK_ORDER]
-    rows = []
-    for name in names:
-        check = _dict(checks[name])
-        rows.append([f"<b>{_e(name)}</b>", _badge(bool(check.get("passed"))), _e(check.get("summary"))])
-    return "<h4>Checks</h4>" + _table(["check", "result", "summary"], rows)
-
-
-def _fia(check: Mapping) -> str:
-    if not check or check.get("passed", True):
-        return ""
+def _fia(check: Mapping) -> dict | None:
     details = _dict(check.get("details"))
     violations = _list(details.get("violations"))
-    if not violations:
-        return ""
+    if check.get("passed", True) or not violations:
+        return None
     contract = details.get("contract")
     other = "strict" if contract == "relaxed" else "relaxed"
     rows = []
-    for v in violations[:MAX_ROWS]:
-        v = _dict(v)
+    for v in map(_dict, violations[:MAX_ROWS]):
         other_ok = v.get("strict_ok") if other == "strict" else v.get("relaxed_ok")
-        rows.append([_e(v.get("path")), _e(v.get("phase")), _e(v.get("step")), _e(v.get("layer")),
-                     _e(v.get("bucket")), _e(v.get("T")), f'<span class="gh-tokens">{_ints(v.get("actual_seq_lengths"))}</span>',
-                     f'<span class="gh-tokens">{_ints(v.get("actual_seq_lengths_kv"))}</span>',
-                     _e(v.get("padding")), _e(v.get("message")), _yes_no(other_ok)])
-    head = (f"<h4>FIA invariant: {len(violations)} rejected call(s) of {_e(details.get('calls'))} "
-            f"(contract {_e(contract)})</h4>")
-    return head + _table(["path", "phase", "step", "layer", "bucket", "T", "actual_seq_lengths",
-                          "actual_seq_lengths_kv", "padding source", "CANN message",
-                          f"{other} would accept"], rows) + _more(len(violations), len(rows), "violations")
+        rows.append({"path": _text(v.get("path")), "phase": _text(v.get("phase")), "step": _text(v.get("step")),
+                     "layer": _text(v.get("layer")), "bucket": _text(v.get("bucket")), "T": _text(v.get("T")),
+                     "q": _ints(v.get("actual_seq_lengths")), "kv": _ints(v.get("actual_seq_lengths_kv")),
+                     "padding": _text(v.get("padding")), "message": _text(v.get("message")),
+                     "other_ok": _yes_no(other_ok)})
+    return {"kind": "fia_invariant", "total": len(violations), "calls": _text(details.get("calls")),
+            "contract": _text(contract), "other": other, "rows": rows}
+
+
+def _stale(check: Mapping) -> dict | None:
+    stale = _list(_dict(check.get("details")).get("stale"))
+    if not stale:
+        return None
+    rows = [{"step": _text(s.get("step")), "layer": _text(s.get("layer")), "argument": _text(s.get("argument")),
+             "bucket": _text(s.get("bucket")), "executed": _ints(s.get("executed")),
+             "expected": _ints(s.get("expected"))} for s in map(_dict, stale[:MAX_ROWS])]
+    return {"kind": "stale_params", "total": len(stale), "rows": rows}
 
 
 def _format_diff(diff: Mapping) -> str:
@@ -201,263 +181,272 @@ def _format_diff(diff: Mapping) -> str:
 
 
 def _host_lists(executed: Any) -> str:
-    lines = []
-    for layer, lists in enumerate(_list(executed)):
-        lists = _dict(lists)
-        parts = [f"{k}={_compact(v)}" for k, v in lists.items()]
-        lines.append(f"layer {layer}: " + "  ".join(parts))
-    return "\n".join(lines)
+    return "\n".join(f"layer {layer}: " + "  ".join(f"{k}={_compact(v)}" for k, v in _dict(lists).items())
+                     for layer, lists in enumerate(_list(executed)))
 
 
-def _equality(check: Mapping) -> str:
-    if not check:
-        return ""
-    details = _dict(check.get("details"))
-    mismatches = _list(details.get("mismatches"))
+def _equality(check: Mapping, state: str) -> dict | None:
+    mismatches = _list(_dict(check.get("details")).get("mismatches"))
     if not mismatches:
-        return ""
-    rows, extra = [], []
-    for m in mismatches[:MAX_ROWS]:
-        m = _dict(m)
+        return None
+    rows, metadata = [], []
+    for m in map(_dict, mismatches[:MAX_ROWS]):
         tol = _dict(m.get("tolerance"))
-        tokens = _dict(m.get("tokens"))
-        token_text = "<br>".join(f"{_e(p)}: <span class=\"gh-tokens\">{_ints(t)}</span>" for p, t in tokens.items())
-        where = f"{_e(m.get('request'))} @ {_e(m.get('position'))}"
+        where = f"{_text(m.get('request'))} @ {_text(m.get('position'))}"
         if m.get("rows_differing") is not None:
-            where += f" <span class=\"gh-muted\">({_e(m.get('rows_differing'))} rows differ)</span>"
-        rows.append([_e(m.get("step")), _e(m.get("paths")), _e(m.get("effect")), _e(m.get("runtime_mode")),
-                     _e(m.get("bucket")), where, _e(m.get("max_abs_error")), _e(m.get("max_rel_error")),
-                     token_text, f"atol {_e(tol.get('atol'))}, rtol {_e(tol.get('rtol'))}"])
+            where += f" ({m.get('rows_differing')} rows differ)"
+        rows.append({"step": _text(m.get("step")), "paths": _text(m.get("paths")), "effect": _text(m.get("effect")),
+                     "runtime_mode": _text(m.get("runtime_mode")), "bucket": _text(m.get("bucket")), "where": where,
+                     "abs": _text(m.get("max_abs_error")), "rel": _text(m.get("max_rel_error")),
+                     "tokens": [(str(p), _ints(t)) for p, t in _dict(m.get("tokens")).items()],
+                     "tolerance": f"atol {_text(tol.get('atol'))}, rtol {_text(tol.get('rtol'))}"})
         diff = _dict(m.get("metadata_diff"))
-        body = ""
-        if diff:
-            body += f"<p>host metadata, reference \u2192 graph path (deepdiff)</p><pre>{_e(_format_diff(diff))}</pre>"
-        if m.get("executed_host_lists") is not None:
-            body += f"<p>host lists the graph executed</p><pre>{_e(_host_lists(m.get('executed_host_lists')))}</pre>"
-        if body:
-            extra.append(_details(f"step {_e(m.get('step'))}, {_e(m.get('paths'))}: metadata", body,
-                                  open_=not extra and not check.get("passed", True)))
-    state = "failing" if not check.get("passed", True) else "explained by another check"
-    return (f"<h4>Equality: {len(mismatches)} mismatch(es) ({_e(state)})</h4>"
-            + _table(["step", "paths", "effect", "runtime mode", "bucket", "request @ position", "max abs err",
-                      "max rel err", "tokens", "tolerance"], rows)
-            + _more(len(mismatches), len(rows), "mismatches") + "".join(extra))
+        if (diff or m.get("executed_host_lists") is not None) and len(metadata) < MAX_METADATA:
+            metadata.append({"step": _text(m.get("step")), "paths": _text(m.get("paths")),
+                             "diff": _format_diff(diff) if diff else "",
+                             "executed": _host_lists(m.get("executed_host_lists"))})
+    failing = state == FAIL
+    label = "failing" if failing else "explained by another check's earlier failure"
+    return {"kind": "equality", "total": len(mismatches), "rows": rows, "metadata": metadata,
+            "failing": failing, "state": label}
 
 
-def _token_cells(reference: list, graph: list) -> tuple[str, str, int | None]:
-    """Both texts as token strings, graph tokens differing from the reference marked."""
-    ref_html = " ".join(_e(t) for t in reference)
-    parts, first = [], None
-    for i, tok in enumerate(graph):
-        same = i < len(reference) and reference[i] == tok
-        if not same and first is None:
-            first = i
-        parts.append(_e(tok) if same else f"<mark>{_e(tok)}</mark>")
-    if first is None and len(graph) != len(reference):
-        first = min(len(graph), len(reference))
-    return ref_html, " ".join(parts), first
-
-
-def _stale(check: Mapping, run: Mapping) -> str:
-    details = _dict(_dict(check).get("details"))
-    out = []
-    stale = _list(details.get("stale"))
-    if stale:
-        rows = []
-        for s in stale[:MAX_ROWS]:
-            s = _dict(s)
-            rows.append([_e(s.get("step")), _e(s.get("layer")), _e(s.get("argument")), _e(s.get("bucket")),
-                         f'<span class="gh-tokens">{_ints(s.get("executed"))}</span>',
-                         f'<span class="gh-tokens">{_ints(s.get("expected"))}</span>'])
-        out.append(f"<h4>Stale host parameters: {len(stale)} stale list(s)</h4>"
-                   + _table(["step", "layer", "argument", "bucket", "executed (graph)", "expected (live batch)"], rows)
-                   + _more(len(stale), len(rows), "stale lists"))
-    texts = _dict(details.get("texts")) or _dict(run.get("texts"))
-    reference, graph = _dict(texts.get("reference")), _dict(texts.get("graph"))
-    if reference or graph:
-        repetition = _dict(details.get("repetition"))
-        rep_ref, rep_graph = _dict(repetition.get("reference")), _dict(repetition.get("graph"))
-        rows, classes = [], []
-        for req in list(reference) + [r for r in graph if r not in reference]:
-            ref_tokens, graph_tokens = _list(reference.get(req)), _list(graph.get(req))
-            ref_html, graph_html, first = _token_cells(ref_tokens, graph_tokens)
-
-            def rep(table: Mapping) -> str:
-                entry = _dict(table.get(req))
-                if not entry:
-                    return "\u2014"
-                score = entry.get("score")
-                score_text = f"{score:.2f}" if isinstance(score, (int, float)) else _e(score)
-                return f"{score_text} / {_e(entry.get('longest_run'))}"
-
-            rows.append([_e(req), f'<span class="gh-tokens">{ref_html}</span>',
-                         f'<span class="gh-tokens">{graph_html}</span>', rep(rep_ref), rep(rep_graph),
-                         "\u2014" if first is None else _e(first)])
-            classes.append("gh-diff" if first is not None else "")
-        out.append("<h4>Generated texts (reference eager vs graph)</h4>"
-                   + _table(["request", "reference tokens", "graph tokens", "repetition ref (score / longest run)",
-                             "repetition graph (score / longest run)", "first divergence"], rows, classes))
-    return "".join(out)
-
-
-def _budget(check: Mapping, run: Mapping) -> str:
-    details = _dict(_dict(check).get("details"))
+def _budget(check: Mapping, run: Mapping, *, failing: bool, draw: bool, salt: str) -> dict | None:
+    details = _dict(check.get("details"))
     usage = _dict(run.get("stream_usage")) or _dict(details.get("usage"))
     graphs = run.get("graphs_captured", details.get("graphs_captured"))
     if not usage and graphs is None and not run.get("budget"):
-        return ""
-    pct = _pct(usage)
-    facts = [f"graphs captured <b>{_e(graphs)}</b>",
-             f"streams <b>{_e(usage.get('in_use'))}</b> / pool <b>{_e(usage.get('pool_size'))}</b>",
-             f"utilisation <b>{'—' if pct is None else f'{pct:.1f}%'}</b>"]
-    if run.get("capture_sizes") is not None:
-        facts.append(f"capture sizes <span class=\"gh-tokens\">{_ints(run.get('capture_sizes'))}</span>")
-    if isinstance(run.get("capture_seconds"), (int, float)):
-        facts.append(f"capture {run['capture_seconds']:.3f} s")
-    out = "<h4>Stream budget</h4><p>" + " \u00b7 ".join(facts) + "</p>"
+        return None
+    pct = _utilisation(usage)
     policy = _dict(run.get("budget")) or _dict(details.get("policy"))
+    rows = []
     if policy:
-        rows = [["sizes kept", f'<span class="gh-tokens">{_ints(policy.get("sizes_kept"))}</span>'],
-                ["sizes dropped", f'<span class="gh-tokens">{_ints(policy.get("sizes_dropped"))}</span>']]
-        for key, value in policy.items():
-            if key not in ("sizes_kept", "sizes_dropped"):
-                rows.append([_e(key), _e(value if not isinstance(value, (dict, list)) else _compact(value))])
-        out += "<p>capture-size policy decision</p>" + _table(["", "value"], rows)
-    return out
+        rows = [["sizes kept", " ".join(_ints(policy.get("sizes_kept")))],
+                ["sizes dropped", " ".join(_ints(policy.get("sizes_dropped")))]]
+        rows += [[str(k), _compact(v) if isinstance(v, (dict, list)) else _text(v)]
+                 for k, v in policy.items() if k not in ("sizes_kept", "sizes_dropped")]
+    chart = ""
+    # Against a pool of thousands a handful of streams is a sliver: draw when it tells something.
+    if draw and (failing or (pct or 0) >= 10):
+        chart = charts.safely(charts.streams_svg, _list(usage.get("by_bucket")), usage.get("pool_size"), salt=salt)
+    seconds = run.get("capture_seconds")
+    return {"kind": "stream_budget", "graphs": _text(graphs), "in_use": _text(usage.get("in_use")),
+            "pool": _text(usage.get("pool_size")), "utilisation": "\u2014" if pct is None else f"{pct:.1f}%",
+            "capture_sizes": _ints(run.get("capture_sizes")) if run.get("capture_sizes") is not None else [],
+            "capture_seconds": f"{seconds:.3f} s" if isinstance(seconds, (int, float)) else "",
+            "policy": rows, "chart": chart, "failing": failing}
 
 
-def _steps(run: Mapping) -> str:
+def _execution(check: Mapping, run: Mapping) -> dict | None:
+    errors = _list(run.get("errors")) or _list(_dict(check.get("details")).get("errors"))
+    if not errors:
+        return None
+    rows = [[_text(e.get(k)) for k in ("path", "phase", "step", "bucket", "kind", "message")]
+            for e in map(_dict, errors[:MAX_ROWS])]
+    return {"kind": "execution", "total": len(errors), "rows": rows}
+
+
+def _texts(check: Mapping, run: Mapping, *, open_: bool) -> dict | None:
+    details = _dict(check.get("details"))
+    texts = _dict(details.get("texts")) or _dict(run.get("texts"))
+    reference, graph = _dict(texts.get("reference")), _dict(texts.get("graph"))
+    if not reference and not graph:
+        return None
+    repetition = _dict(details.get("repetition"))
+
+    def rep(path: str, req: str) -> str:
+        entry = _dict(_dict(repetition.get(path)).get(req))
+        if not entry:
+            return "\u2014"
+        score = entry.get("score")
+        score_text = f"{score:.2f}" if isinstance(score, (int, float)) else _text(score)
+        return f"{score_text} / {_text(entry.get('longest_run'))}"
+
+    rows = []
+    for req in list(reference) + [r for r in graph if r not in reference]:
+        ref, out = _list(reference.get(req)), _list(graph.get(req))
+        marked = [(_text(tok), i < len(ref) and ref[i] == tok) for i, tok in enumerate(out)]
+        first = next((i for i, (_, same) in enumerate(marked) if not same), None)
+        if first is None and len(out) != len(ref):
+            first = min(len(out), len(ref))
+        rows.append({"request": str(req), "reference": _ints(ref), "graph": marked,
+                     "rep_ref": rep("reference", req), "rep_graph": rep("graph", req), "first": first})
+    return {"rows": rows, "open": open_ or any(r["first"] is not None for r in rows)}
+
+
+def _steps(run: Mapping, *, open_: bool) -> dict | None:
     steps = _list(run.get("steps"))
     if not steps:
-        return ""
-    rows, classes = [], []
-    for s in steps:
-        s = _dict(s)
+        return None
+    rows = []
+    for s in map(_dict, steps):
         reqs = []
         for entry in _list(s.get("requests")):
             entry = _list(entry)
-            if len(entry) == 3:
-                reqs.append(f"{_e(entry[0])}:{_e(entry[1])}+{_e(entry[2])}")
-            else:
-                reqs.append(_e(_compact(entry)))
-        ledger = _dict(s.get("ledger"))
+            reqs.append(f"{entry[0]}:{entry[1]}+{entry[2]}" if len(entry) == 3 else _compact(entry))
         sampled = _dict(s.get("sampled"))
-        distinct = {json.dumps(v, default=str) for v in sampled.values()}
-        differs = len(distinct) > 1
-        sampled_html = "<br>".join(f"{_e(p)}: <span class=\"gh-tokens\">{_ints(t)}</span>" for p, t in sampled.items())
-        if differs:
-            sampled_html = "<b>differ</b><br>" + sampled_html
-        uniform = s.get("uniform_decode")
-        rows.append([_e(s.get("step")), " ".join(reqs), _e(s.get("num_tokens")), _yes_no(uniform),
-                     _e(s.get("runtime_mode")), _e(s.get("num_tokens_padded")),
-                     f"{_e(s.get('num_reqs'))} \u2192 {_e(s.get('num_reqs_padded'))}", _e(s.get("padding_source")),
-                     _e(s.get("dispatch_reason")), ", ".join(f"{_e(k)}={_e(v)}" for k, v in ledger.items()),
-                     sampled_html])
-        classes.append("gh-diff" if differs else "")
-    return ("<h4>Per-step dispatch</h4>"
-            + _table(["step", "requests (id:computed+new)", "num_tokens", "uniform decode", "runtime mode",
-                      "padded num_tokens", "num_reqs \u2192 padded", "padding source", "dispatch reason",
-                      "padding ledger", "sampled tokens"], rows, classes))
+        differs = len({json.dumps(v, default=str) for v in sampled.values()}) > 1
+        rows.append({"step": _text(s.get("step")), "requests": " ".join(reqs), "num_tokens": _text(s.get("num_tokens")),
+                     "uniform": _yes_no(s.get("uniform_decode")), "mode": _text(s.get("runtime_mode")),
+                     "padded": _text(s.get("num_tokens_padded")),
+                     "reqs": f"{_text(s.get('num_reqs'))} \u2192 {_text(s.get('num_reqs_padded'))}",
+                     "padding_source": _text(s.get("padding_source")), "reason": _text(s.get("dispatch_reason")),
+                     "ledger": ", ".join(f"{k}={_text(v)}" for k, v in _dict(s.get("ledger")).items()),
+                     "sampled": [(str(p), _ints(t)) for p, t in sampled.items()], "differs": differs,
+                     "classes": "gh-diff" if differs else ""})
+    return {"rows": rows, "open": open_}
 
 
-def _errors(record: Mapping, run: Mapping) -> str:
-    errors = _list(run.get("errors"))
-    out = ""
-    if errors:
-        rows = []
-        for e in errors[:MAX_ROWS]:
-            e = _dict(e)
-            rows.append([_e(e.get("path")), _e(e.get("phase")), _e(e.get("step")), _e(e.get("bucket")),
-                         _e(e.get("kind")), _e(e.get("message"))])
-        out += ("<h4>Path errors</h4>" + _table(["path", "phase", "step", "bucket", "kind", "message"], rows)
-                + _more(len(errors), len(rows), "errors"))
-    notes = _list(run.get("notes"))
-    if notes:
-        out += "<h4>Notes</h4><ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>"
-    tb = record.get("traceback")
-    if tb:
-        out += _details("<b>Traceback</b>", f"<pre>{_e(tb)}</pre>", open_=True)
-    return out
-
-
-def _scenario(record: Mapping) -> str:
+def _scenario_yaml(record: Mapping) -> str:
     scenario = record.get("scenario")
     if not scenario:
         return ""
     try:
-        text = yaml.safe_dump(scenario, sort_keys=False, default_flow_style=None, width=100)
+        return yaml.safe_dump(scenario, sort_keys=False, default_flow_style=None, width=110)
     except yaml.YAMLError:
-        text = json.dumps(scenario, indent=1, default=str)
-    return _details("Scenario as run (YAML)", f"<pre>{_e(text)}</pre>")
+        return json.dumps(scenario, indent=1, default=str)
 
 
-def _environment(record: Mapping) -> str:
-    env = _dict(record.get("environment"))
-    if not env:
-        return ""
-    return '<p class="gh-muted">' + " \u00b7 ".join(f"{_e(k)} {_e(v)}" for k, v in env.items()) + "</p>"
+def _evidence(record: Mapping, states: list, first: Any, *, draw: bool, salt: str) -> list[dict]:
+    """Evidence sections: the first failing check, the other failures, then explained ones."""
+    checks = _dict(record.get("checks"))
+    run = _dict(record.get("run"))
+    state_of = {s.name: s.state for s in states}
+    rank = {FAIL: 1, EXPLAINED: 2}
+    names = sorted(checks, key=lambda n: (0 if first and n == first.check else rank.get(state_of.get(n), 3),
+                                          list(checks).index(n)))
+    sections = []
+    for name in names:
+        check = _dict(checks[name])
+        state = state_of.get(name)
+        if name == "fia_invariant":
+            section = _fia(check)
+        elif name == "stale_params":
+            section = _stale(check)
+        elif name == "equality":
+            section = _equality(check, state)
+        elif name == "stream_budget":
+            section = _budget(check, run, failing=state == FAIL, draw=draw, salt=salt)
+        elif name == "execution":
+            section = _execution(check, run)
+        else:
+            section = None
+        if section:
+            sections.append(section)
+    if "execution" not in checks and _list(run.get("errors")):
+        sections.append(_execution({}, run))  # errors a check explains, listed after its evidence
+    return sections
 
 
 # ---------------------------------------------------------------------------------------------
 # public
 
 
-def _section(name: str, render, *args) -> str:
-    try:
-        return render(*args)
-    except Exception as error:  # noqa: BLE001 - a malformed record must not break the whole report
-        return f'<p class="gh-muted">[{_e(name)} could not be rendered: {_e(type(error).__name__)}: {_e(error)}]</p>'
+def row_values(record: Mapping | None) -> dict[str, str]:
+    """The extra results-table cells of an item (plain text; empty for a non-scenario test)."""
+    if not record:
+        return {column: "" for column, _ in TABLE_COLUMNS}
+    first = first_failure(record)
+    failed = [s.name for s in check_states(record) if s.state == FAIL]
+    return {"mode": item_mode(record), "features": feature_label(record.get("scenario")),
+            "check": (first.check + (f" +{len(failed) - 1}" if len(failed) > 1 else "")) if first else "",
+            "step": "" if first is None or first.step is None else str(first.step),
+            "bucket": "" if first is None or first.bucket is None else str(first.bucket)}
 
 
-def render_item(record: dict) -> str:
-    """One item record (:func:`harness.report.results.item_record`) as a self-contained HTML fragment."""
+def render_item(record: Mapping, *, draw_charts: bool | None = None, salt: str = "") -> str:
+    """One item record as an HTML fragment (the page's CSS styles it: see :func:`render_page`).
+
+    Charts are drawn for failing and known-bad items by default: those are the ones a triager
+    opens, and a chart costs tens of milliseconds, too much for every item of a large matrix.
+    """
     record = _dict(record)
-    checks = _dict(record.get("checks"))
+    outcome = str(record.get("outcome") or "unknown")
+    draw = outcome in CHART_OUTCOMES if draw_charts is None else draw_charts
     run = _dict(record.get("run"))
-    parts = [
-        _section("verdict", _verdict, record),
-        _section("environment", _environment, record),
-        _section("checks", _checks, checks),
-        _section(CheckName.FIA_INVARIANT, _fia, _dict(checks.get(CheckName.FIA_INVARIANT))),
-        _section(CheckName.EQUALITY, _equality, _dict(checks.get(CheckName.EQUALITY))),
-        _section(CheckName.STALE_PARAMS, _stale, _dict(checks.get(CheckName.STALE_PARAMS)), run),
-        _section(CheckName.STREAM_BUDGET, _budget, _dict(checks.get(CheckName.STREAM_BUDGET)), run),
-        _section("steps", _steps, run),
-        _section("errors", _errors, record, run),
-        _section("scenario", _scenario, record),
-    ]
-    if not run and record.get("outcome") != "skipped":
-        parts.insert(3, '<p class="gh-muted">no run evidence: the item stopped before the pipeline ran</p>')
-    return STYLE + '<div class="gh-item">' + "".join(parts) + "</div>"
+    states = check_states(record)
+    first = first_failure(record)
+    failing = first is not None
+    duration = record.get("duration")
+    context = {
+        "outcome": outcome, "outcome_label": _OUTCOME_LABEL.get(outcome, outcome),
+        "verdict": _text(record.get("verdict")), "source": _relative(_text(record.get("source"))),
+        "mode": item_mode(record), "features": feature_label(record.get("scenario")),
+        "backend": _text(record.get("backend")),
+        "duration": f"{duration:.2f} s" if isinstance(duration, (int, float)) else None,
+        "first": first, "fixes": fixes_sentence(record) if failing else "",
+        "has_run": bool(run), "checks": states,
+        "step_chart": charts.safely(charts.step_tokens_svg, _list(run.get("steps")),
+                                   failed_step=first.step if first else None, salt=salt) if draw else "",
+        "evidence": _evidence(record, states, first, draw=draw, salt=salt),
+        "texts": _texts(_dict(_dict(record.get("checks")).get("stale_params")), run, open_=failing),
+        "step_rows": _steps(run, open_=failing),
+        "notes": [str(n) for n in _list(run.get("notes"))],
+        "traceback": record.get("traceback") or "",
+        "scenario_yaml": _scenario_yaml(record),
+    }
+    return _environment().get_template("item.html.j2").render(context)
 
 
-def render_summary(records: list[dict]) -> str:
-    """Counts by outcome, and per graph mode: items, failures, graphs captured, max stream utilisation."""
+def _grid(records: list[Mapping]) -> dict:
+    """Mode x feature combination: per cell the items and their outcomes (worst one colours it)."""
+    severity = {"failed": 0, "xpassed": 1, "xfailed": 2, "skipped": 3, "passed": 4}
+    cells: dict[tuple[str, str], dict[str, int]] = {}
+    for record in records:
+        key = (item_mode(record), feature_label(record.get("scenario")))
+        outcome = str(record.get("outcome") or "unknown")
+        counts = cells.setdefault(key, {})
+        counts[outcome] = counts.get(outcome, 0) + 1
+    mode_order = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
+    modes = sorted({m for m, _ in cells}, key=lambda m: (mode_order.index(m) if m in mode_order else 99, m))
+    combos = sorted({f for _, f in cells}, key=lambda f: (f != "base", f.count("+"), f))
+    rows = []
+    for mode in modes:
+        row = []
+        for combo in combos:
+            counts = cells.get((mode, combo))
+            if not counts:
+                row.append(None)
+                continue
+            worst = min(counts, key=lambda o: severity.get(o, -1))
+            title = ", ".join(f"{n} {o}" for o, n in sorted(counts.items(), key=lambda kv: severity.get(kv[0], -1)))
+            row.append({"worst": worst, "total": sum(counts.values()), "title": f"{mode} \u00d7 {combo}: {title}",
+                        "bad": counts.get("failed", 0)})
+        rows.append((mode, row))
+    return {"combos": combos, "rows": rows}
+
+
+def render_page(records: list[Mapping]) -> str:
+    """What goes once at the top of the page: CSS, the outcome grid, the run's charts, filters."""
+    records = [_dict(r) for r in records or []]
     outcomes: dict[str, int] = {}
-    modes: dict[str, dict[str, Any]] = {}
-    for record in records or []:
-        record = _dict(record)
+    for record in records:
         outcome = str(record.get("outcome") or "unknown")
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        run = _dict(record.get("run"))
-        mode = run.get("mode") or _dict(_dict(record.get("scenario")).get("graph")).get("mode") or "\u2014"
-        entry = modes.setdefault(str(mode), {"items": 0, "failed": 0, "graphs": 0, "util": None})
-        entry["items"] += 1
-        entry["failed"] += outcome == "failed"
-        graphs = run.get("graphs_captured")
-        if isinstance(graphs, int):
-            entry["graphs"] += graphs
-        pct = _pct(_dict(run.get("stream_usage")))
-        if pct is not None and (entry["util"] is None or pct > entry["util"]):
-            entry["util"] = pct
-    order = [o for o in ("passed", "failed", "xfailed", "skipped") if o in outcomes]
-    order += sorted(o for o in outcomes if o not in order)
-    counts = _table([*order, "total"], [[_e(outcomes[o]) for o in order] + [_e(sum(outcomes.values()))]])
-    rows = []
-    for mode in sorted(modes):
-        m = modes[mode]
-        fail = f'<span class="gh-badge gh-fail">{m["failed"]}</span>' if m["failed"] else "0"
-        rows.append([_e(mode), _e(m["items"]), fail, _e(m["graphs"]),
-                     "\u2014" if m["util"] is None else f"{m['util']:.1f}%"])
-    per_mode = _table(["mode", "items", "failures", "graphs captured", "max stream utilisation"], rows)
-    return STYLE + f'<div class="gh-summary"><h4>Outcomes</h4>{counts}<h4>Per graph mode</h4>{per_mode}</div>'
+    usage = [(_utilisation(_dict(_dict(r.get("run")).get("stream_usage"))), r) for r in records]
+    usage = [(u, r) for u, r in usage if u is not None]
+    peak = max(usage, key=lambda ur: ur[0]) if usage else None
+    context = {
+        "css": _static("report.css"), "script": _static("report.js"),
+        "grid": _grid(records), "outcomes": outcomes, "total": len(records),
+        "waste_chart": charts.safely(charts.padding_waste_svg, records),
+        "peak": None if peak is None else {"pct": f"{peak[0]:.1f}%", "mode": item_mode(peak[1]),
+                                           "features": feature_label(peak[1].get("scenario")),
+                                           "name": _text(peak[1].get("name"))},
+        "checks": sorted({c for r in records for c in _list(r.get("failed_checks"))}),
+        "modes": [mode for mode, _ in _grid(records)["rows"]],
+    }
+    return _environment().get_template("page.html.j2").render(context)
+
+
+def render_fragments(fragments: Mapping[str, str]) -> str:
+    """Every item's fragment once, as inert script text the page's script parses on demand.
+
+    pytest-html rebuilds its whole results table on every filter, sort and click; fragments
+    kept out of its data are parsed only when their row is open, so a 1,000-item page stays
+    fast. ``</script`` and ``<!--`` are escaped (the page's script reverses it) so that no
+    fragment can end its element early; autoescaping keeps them out of every value already.
+    """
+    env = _environment()
+    return env.get_template("fragments.html.j2").render(
+        fragments=[(key, _SCRIPT_END.sub(r"<\\\1", html)) for key, html in fragments.items()])

@@ -1,4 +1,4 @@
-"""The per-item HTML fragment and the summary table, from records of real (tiny) runs."""
+"""The per-item HTML fragment, the page summary and the check states, from records of real (tiny) runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import re
 
 import pytest
 
-from harness.report.html import render_item, render_summary
+from harness.report import charts
+from harness.report.html import render_fragments, render_item, render_page, row_values
+from harness.report.view import check_states, first_failure
 from harness.report.results import item_record
 from harness.scenario import load_scenario_text
 from harness.session import run_point
@@ -50,12 +52,14 @@ def _text(html: str) -> str:
 def test_passing_item_shows_checks_texts_and_dispatch(good):
     assert good["outcome"] == "passed"
     html = render_item(good)
-    assert html.startswith("<style>") and '<div class="gh-item">' in html
+    assert html.startswith('<div class="gh-item">') and "<style" not in html  # CSS is once per page
     for name in ("fia_invariant", "equality", "stale_params", "stream_budget"):
         assert name in html
     assert html.count(">PASS<") == 4 and ">FAIL<" not in html
+    assert "First failure" not in html and "<svg" not in html  # charts only where a triager looks
     assert "all four checks passed" in html
     assert "&lt;string&gt;:2" in html and "emulated" in html
+    assert "mode <b>FULL</b>" in html and "features <b>base</b>" in html
     # texts side by side, always, even when the check passed
     assert "Generated texts" in html and "reference tokens" in html
     assert "5 6 7 8 9 10" in html and "<mark>" not in html
@@ -68,10 +72,10 @@ def test_passing_item_shows_checks_texts_and_dispatch(good):
     # stream budget
     assert "Stream budget" in html and "0.2%" in html
     # scenario: YAML, collapsed, escaped
-    assert "Scenario as run (YAML)" in html and "<details>" in html
+    assert "Scenario as run (YAML)" in html and "<details><summary>Scenario" in html
     assert "mode: FULL" in html
     assert "<script>" not in html
-    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in html
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in html
 
 
 def test_known_bad_stale_params(stale):
@@ -79,6 +83,15 @@ def test_known_bad_stale_params(stale):
     html = render_item(stale)
     assert "xfailed (known-bad, failed as expected)" in html
     assert "capture-time" in html
+    # the first failure leads, with the fix switch the file turned off
+    first = html.index("First failure: stale_params")
+    assert first < html.index("<h4>Checks</h4>")
+    assert "at step 0, bucket 8" in html and "fixes.host_param_update is false in this file" in html
+    # check states: equality's mismatches are explained by stale_params, not a green PASS
+    assert 'gh-s-explained">explained by stale_params<' in html and html.count(">PASS<") == 2
+    # the failing check's evidence comes before the explained mismatches, and a chart is drawn
+    assert html.index("Stale host parameters") < html.index("Equality:")
+    assert html.count("<svg") == 1 and "first failure" in html
     assert "Stale host parameters" in html and "executed (graph)" in html
     # graph text differs from the reference: highlighted, with repetition scores
     assert "<mark>" in html
@@ -86,8 +99,10 @@ def test_known_bad_stale_params(stale):
     assert "1.00 / 6" in html and "0.00 / 1" in html
     # equality mismatches explained by the stale check, with metadata deepdiff and executed lists
     assert "Equality:" in html and "explained by another check" in html
+    assert row_values(stale) == {"mode": "FULL", "features": "base", "check": "stale_params", "step": "0",
+                                 "bucket": "8"}
     assert "deepdiff" in html and "iterable_item_added" in html
-    assert "root[&#x27;actual_seq_lengths&#x27;][1]" in html
+    assert "root[&#39;actual_seq_lengths&#39;][1]" in html
     assert "host lists the graph executed" in html and "layer 0: actual_seq_lengths=" in html
     # rows where paths sampled different tokens are marked
     steps = html.split("Per-step dispatch")[1]
@@ -112,7 +127,7 @@ def test_fia_table_is_capped():
         "details": {"contract": "strict", "calls": 50,
                     "violations": [{"step": i, "message": "<bad>", "relaxed_ok": i % 2 == 0} for i in range(50)]}}}}
     html = render_item(record)
-    assert "30 more violations not shown" in html
+    assert "38 more violations not shown" in html
     assert "&lt;bad&gt;" in html and "<bad>" not in html
 
 
@@ -138,11 +153,54 @@ def test_crashed_and_skipped_records_render(good):
         assert '<div class="gh-item">' in render_item(partial)
 
 
-def test_summary(good, stale):
+def test_not_evaluated_is_not_a_pass(good):
+    crashed = copy.deepcopy(good)
+    crashed["checks"]["equality"]["details"]["compared"] = 0
+    crashed["checks"]["fia_invariant"]["details"]["calls"] = 0
+    states = {s.name: s for s in check_states(crashed)}
+    assert states["equality"].label == "not evaluated" and states["fia_invariant"].state == "not-evaluated"
+    html = render_item(crashed, draw_charts=False)
+    assert html.count(">not evaluated<") == 2 and html.count(">PASS<") == 2
+    assert first_failure(crashed) is None
+
+
+def test_page_grid_charts_and_filters(good, stale):
     crashed = dict(good, outcome="failed", run={})
-    html = render_summary([good, stale, crashed, {"outcome": "skipped", "scenario": {"graph": {"mode": "PIECEWISE"}}}])
-    text = _text(html)
-    assert "passed" in text and "xfailed" in text and "skipped" in text
-    assert "FULL" in text and "PIECEWISE" in text
-    assert "max stream utilisation" in text and "0.2%" in text
-    assert render_summary([]).count("<table>") == 2
+    skipped = {"outcome": "skipped", "scenario": {"graph": {"mode": "PIECEWISE"}, "features": {"sp": {"tp": 2}}}}
+    html = render_page([good, stale, crashed, skipped])
+    assert html.count("<style>") == 1 and html.count("<script>") == 1
+    assert 'id="gh-grid"' in html
+    # FULL x base holds a pass, a known-bad and a failure: the failure colours it
+    assert 'class="gh-cell gh-o-failed" data-mode="FULL" data-features="base"' in html
+    assert 'data-mode="PIECEWISE" data-features="sp2"' in html and ">1/3<" in html
+    assert 'id="gh-waste"' in html and html.count("<svg") == 1
+    assert 'id="gh-filter"' in html and "<option>stale_params</option>" in html
+    assert "peak stream utilisation <b>0.2%</b>" in html
+    empty = render_page([])
+    assert "no scenario item ran" in empty and "<svg" not in empty
+
+
+def test_fragments_cannot_end_their_script_element():
+    page = render_fragments({"k1": "<div>a</div>", "k2": "<p><!--<script></script><script>alert(1)</SCRIPT>"})
+    assert page.count("</script>") == 2 and "<!--" not in page and "<\\!--" in page and "<\\/SCRIPT>" in page
+    assert 'id="gh-x-k1"><div>a</div></script>' in page
+
+
+def test_charts_are_inline_svg_with_ids_unique_per_chart():
+    steps = [{"step": 0, "ledger": {"real": 5, "bucket": 3}, "num_tokens_padded": 8, "runtime_mode": "FULL"},
+             {"step": 1, "ledger": {"real": 3, "sp": 1}, "num_tokens_padded": 4, "runtime_mode": "FULL"},
+             {"step": 2, "ledger": {"real": 2}, "num_tokens_padded": 2, "runtime_mode": "NONE"}]
+    first = charts.step_tokens_svg(steps, failed_step=0, salt="a")
+    second = charts.step_tokens_svg(steps, salt="b")
+    assert first.startswith("<svg") and "<?xml" not in first and "<metadata" not in first
+    assert ">first failure<" in first and ">first failure<" not in second
+    assert ">real<" in first and ">bucket<" in first and ">sp<" in first  # text stays text
+    ids = lambda svg: set(re.findall(r' id="([^"]+)"', svg))  # noqa: E731
+    assert ids(first) and not ids(first) & ids(second)
+    streams = charts.streams_svg([{"bucket": 8, "in_use": 1}, {"bucket": 4, "in_use": 2},
+                                  {"bucket": 2, "in_use": 2, "needed": 1, "failed": True}], 2)
+    assert ">pool (2)<" in streams and ">needed (failed)<" in streams
+    assert charts.padding_by_bucket([{"run": {"steps": steps}}]) == {4: {"steps": 1, "real": 3, "sp": 1},
+                                                                     8: {"steps": 1, "real": 5, "bucket": 3}}
+    assert charts.step_tokens_svg([]) == "" and charts.streams_svg([], 2) == "" and charts.padding_waste_svg([]) == ""
+    assert "chart not drawn: ZeroDivisionError" in charts.safely(lambda: 1 / 0)

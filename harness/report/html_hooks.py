@@ -1,0 +1,89 @@
+"""pytest-html glue: the added table columns, the page summary, and each item's fragment.
+
+Registered by :mod:`harness.pytest_plugin` only when pytest-html is installed. The fragment of
+an item is rendered where the item ran (an xdist worker renders its own, in parallel) and
+travels with the test report as an attribute; pytest-html's own per-item data gets only a
+stub that names the fragment, and the page carries every fragment once, as script text that
+the page's script parses when a row is opened (:func:`harness.report.html.render_fragments`).
+That keeps pytest-html's table, which it rebuilds on every sort, filter and click, small.
+"""
+
+from __future__ import annotations
+
+import html as html_escape
+from typing import Any
+
+import pytest
+
+from harness.report.html import TABLE_COLUMNS, item_key, render_fragments, render_item, render_page, row_values
+from harness.report.record import report_record
+
+__all__ = ["HtmlReport", "FRAGMENT_KEY", "attach_fragment"]
+
+#: The test-report attribute that carries an item's rendered fragment from its worker.
+FRAGMENT_KEY = "graph_harness_html"
+
+
+def attach_fragment(report: pytest.TestReport, record: dict[str, Any]) -> None:
+    """Render the item's fragment and give pytest-html a stub that points at it."""
+    try:
+        from pytest_html import extras
+    except ImportError:
+        return
+    key = item_key(report.nodeid)
+    try:
+        fragment = render_item(record, salt=key)
+    except Exception as error:  # noqa: BLE001 - a rendering bug must not lose the result
+        fragment = f"<pre>graph-harness could not render this item: {html_escape.escape(repr(error))}</pre>"
+    setattr(report, FRAGMENT_KEY, fragment)
+    stub = f'<div class="gh-lazy" data-gh-key="{key}"></div>'
+    report.extras = [*getattr(report, "extras", []), extras.html(stub)]
+
+
+def _sort_key(text: str) -> str:
+    """A hidden prefix that makes pytest-html's string sort order numbers by value."""
+    return f'<span hidden>{int(text):08d}</span>' if text.isdigit() else ""
+
+
+class HtmlReport:
+    """pytest-html hooks; collects the fragments on the process that writes the report."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records  # the results collector's list: every item's record, any worker
+        self.fragments: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        fragment = getattr(report, FRAGMENT_KEY, None)
+        if report.when == "call" and isinstance(fragment, str):
+            self.fragments[item_key(report.nodeid)] = fragment
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_html_report_title(self, report: Any) -> None:
+        report.title = "graph-harness: graph-mode scenarios"
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_html_results_table_header(self, cells: list[str]) -> None:
+        added = [f'<th class="sortable" data-column-type="{column}">{title}</th>' for column, title in TABLE_COLUMNS]
+        cells[2:2] = added  # after Result and Test, before Duration and Links
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_html_results_table_row(self, report: Any, cells: list[str]) -> None:
+        values = row_values(report_record(report) if getattr(report, "when", None) == "call" else None)
+        added = []
+        for column, _ in TABLE_COLUMNS:
+            text = html_escape.escape(values[column])
+            prefix = _sort_key(values[column]) if column in ("step", "bucket") else ""
+            added.append(f'<td class="col-{column}">{prefix}{text}</td>')
+        cells[2:2] = added
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_html_results_summary(self, prefix: list[str], summary: list[str], postfix: list[str],
+                                    session: pytest.Session) -> None:
+        # A rendering bug must not cost the report that pytest-html is about to write.
+        try:
+            if self.records or self.fragments:
+                prefix.append(render_page(self.records))
+        except Exception as error:  # noqa: BLE001
+            prefix.append(f"<p>graph-harness could not render the summary: {html_escape.escape(repr(error))}</p>")
+        if self.fragments:
+            postfix.append(render_fragments(self.fragments))

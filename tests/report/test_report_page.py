@@ -1,0 +1,132 @@
+"""The HTML report of a real run, read as a file and in headless Chromium; the terminal lines.
+
+One small suite runs once per module, on two xdist workers (a pass in two modes, a pass with MTP, a known-bad item
+that fails as expected, an unexpected failure) with pytest-html; the tests read its page, its
+data and its terminal output. The browser test skips where no Chromium is installed
+(Debian: ``apt-get install chromium``).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.report.browser import Chromium, find_chromium
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = """
+name: {name}
+graph: {{capture_sizes: [1, 2, 4]{mode}}}
+steps: 3
+workload:
+  requests:
+    - {{prompt_len: 3, output_len: 3}}
+"""
+FILES = {
+    "ok.yaml": BASE.format(name="ok", mode="") + "matrix:\n  graph.mode: [FULL, PIECEWISE]\n",
+    "mtp.yaml": BASE.format(name="mtp", mode=", mode: FULL") + "features: {mtp: {k: 1}}\n",
+    "bad.yaml": BASE.format(name="bad", mode=", mode: FULL")
+    + "fixes: {host_param_update: false}\nexpect: {fail: [stale_params]}\n",
+    "fail.yaml": BASE.format(name="fail", mode=", mode: FULL") + "fixes: {fia_padding: false}\n",
+}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    project = tmp_path_factory.mktemp("report")
+    (project / "scenarios").mkdir()
+    for name, text in FILES.items():
+        (project / "scenarios" / name).write_text(text)
+    (project / "conftest.py").write_text('pytest_plugins = ["harness.pytest_plugin"]\n')
+    env = dict(os.environ, COLUMNS="240", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    # -n 2: fragments and records are rendered on the workers and must reach the controller.
+    done = subprocess.run([sys.executable, "-m", "pytest", "scenarios", "-p", "no:cacheprovider", "-rxf", "-n", "2",
+                           "--html=out/report.html", "--self-contained-html", "--results-json=out/r.json"],
+                          cwd=project, env=env, capture_output=True, text=True, timeout=1800)
+    page = (project / "out" / "report.html").read_text()
+    blob = re.search(r'data-jsonblob="(.*?)"></div>', page, re.S)
+    assert blob, done.stdout[-3000:]
+    data = json.loads(html.unescape(blob.group(1)))
+    tests = {nodeid.split("::")[-1]: entries[-1] for nodeid, entries in data["tests"].items()}
+    return {"project": project, "stdout": done.stdout, "page": page, "tests": tests,
+            "path": project / "out" / "report.html"}
+
+
+def test_columns_fragments_and_css_once(run):
+    page, tests = run["page"], run["tests"]
+    assert set(tests) == {"ok[FULL]", "ok[PIECEWISE]", "mtp", "bad", "fail"}
+    header = page[page.index('id="results-table-head"'):]
+    for title in ("Mode", "Features", "Failed check", "Step", "Bucket"):
+        assert f">{title}</th>" in header
+    assert tests["ok[PIECEWISE]"]["mode"] == "PIECEWISE" and tests["mtp"]["features"] == "mtp1"
+    assert tests["fail"]["check"] == "fia_invariant" and tests["bad"]["check"] == "stale_params"
+    assert tests["fail"]["bucket"].endswith("4")  # a hidden sort prefix, then the bucket
+    # each item: a stub in pytest-html's data, its fragment once on the page, the CSS once
+    for entry in tests.values():
+        (stub,) = [e["content"] for e in entry["extras"]]
+        key = re.search(r'data-gh-key="(\w+)"', stub).group(1)
+        assert page.count(f'id="gh-x-{key}"') == 1
+    assert page.count(".gh-item h4 {") == 1 and page.count('<section id="gh-summary">') == 1
+
+
+def test_no_pytest_traceback_on_known_bad_items_and_a_useful_failure_line(run):
+    def log(name: str) -> str:  # without xdist's "[gw0] linux -- Python ..." first line
+        text = run["tests"][name]["log"]
+        return text.split("\n", 1)[1] if text.startswith("[gw") else text
+
+    bad, fail = log("bad"), log("fail")
+    assert "Traceback" not in bad and "_pytest" not in bad and len(bad) < 2000
+    assert bad.startswith("scenarios/bad.yaml:2: stale_params failed at step 0, bucket 4: graph replayed")
+    assert "fixes.host_param_update is false in this file (line 8)" in bad
+    assert "verdict: known-bad scenario failed exactly as expected (stale_params)" in bad
+    assert fail.startswith("scenarios/fail.yaml:2: fia_invariant failed at step 0, bucket 4: FIA rejected")
+    assert "fixes.fia_padding is false in this file (line 8)" in fail
+    assert "reports: HTML out/report.html, JSON out/r.json" in fail
+    # the terminal: the short summary leads with file, line and check; the reports are named
+    out = run["stdout"]
+    assert re.search(r"FAILED scenarios/fail.yaml::fail - scenarios/fail.yaml:2: fia_invariant failed", out), out[-2000:]
+    assert "graph-harness reports: HTML out/report.html, JSON out/r.json" in out
+
+
+@pytest.mark.skipif(find_chromium() is None, reason="no chromium installed (Debian: apt-get install chromium)")
+def test_report_in_headless_chromium(run, tmp_path):
+    rows = "#results-table tbody.results-table-row"
+    shown = f"[...document.querySelectorAll('{rows}')].filter(r => !r.hidden).length"
+    # two frames and a moment: pytest-html's redraw, our filter, then the IntersectionObserver
+    tick = "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(r, 100))))"
+    with Chromium() as browser:
+        browser.open(run["path"])
+        browser.evaluate(tick)  # rows near the viewport are filled after the first layout
+        assert browser.errors == []
+        assert browser.evaluate(f"document.querySelectorAll('{rows}').length") == 5
+        # the grid (FULL x base holds a failure, so it is red) and the run's chart
+        assert browser.evaluate("document.querySelector('#gh-grid td[data-mode=FULL][data-features=base]')"
+                                ".classList.contains('gh-o-failed')")
+        assert browser.evaluate("document.querySelectorAll('#gh-waste svg').length") == 1
+        # open rows got their fragment, with the per-step chart; collapsed (passed) ones did not
+        assert browser.evaluate("document.querySelectorAll('.gh-item').length") == 2
+        assert browser.evaluate("document.querySelectorAll('.gh-item svg').length") >= 2
+        # filters: by the URL hash, by a grid cell, by the form; they survive pytest-html redraws
+        browser.evaluate(f"location.hash = 'mode=PIECEWISE'; {tick}")
+        assert browser.evaluate(shown) == 1
+        browser.evaluate(f"document.querySelector('#gh-grid td[data-mode=FULL][data-features=mtp1]').click(); {tick}")
+        assert browser.evaluate(shown) == 1 and "mode=FULL" in browser.evaluate("location.hash")
+        browser.evaluate("document.querySelector('#gh-filter').reset()")
+        browser.evaluate(f"const s = document.querySelector('#gh-filter select[name=check]'); s.value = '*';"
+                         f"s.dispatchEvent(new Event('input', {{bubbles: true}})); {tick}")
+        assert browser.evaluate(shown) == 2  # the failure and the known-bad item
+        browser.evaluate(f"document.querySelector('input[data-test-result=xfailed]').click(); {tick}")
+        assert browser.evaluate(shown) == 1  # pytest-html's own outcome filter, then ours again
+        # opening a passed row fills its details
+        browser.evaluate(f"location.hash = ''; {tick}")
+        browser.evaluate(f"document.querySelector('tbody.passed .col-result').click(); {tick}")
+        assert browser.evaluate("document.querySelectorAll('.gh-item').length") == 2  # fail + the opened pass
+        assert browser.errors == []
+        browser.screenshot(tmp_path / "report.png")
