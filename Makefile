@@ -1,12 +1,13 @@
 # Two entry points, each self-sufficient on a fresh clone with only Python >= 3.10:
 #   make scenarios   the main job: the shipped scenario library in FULL mode, HTML + JSON reports
 #   make test        the whole test suite (harness tests and every shipped scenario)
+#   make nightly     the full feature cross product (4200 items; the default runs take a pairwise selection)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv scenarios test bench clean
+.PHONY: venv scenarios test nightly bench clean
 
 venv: $(STAMP)
 
@@ -23,6 +24,10 @@ scenarios: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider -n 2 \
 		--html=reports/tests.html --self-contained-html --results-json=reports/tests.json
+
+nightly: $(STAMP)
+	$(PY) -m pytest scenarios/cross_product --matrix=full -n 2 -p no:cacheprovider \
+		--html=reports/nightly.html --self-contained-html --results-json=reports/nightly.json
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine.py

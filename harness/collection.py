@@ -60,15 +60,17 @@ def names_a_mode(path: str | Path) -> bool:
     )
 
 
-def collect_points(path: str | Path, modes: list[str] | None = None) -> list[tuple[str, ScenarioPoint]]:
+def collect_points(path: str | Path, modes: list[str] | None = None,
+                   combinations: Any = None) -> list[tuple[str, ScenarioPoint]]:
     """``(item id, point)`` for every item of the file: the matrix id, plus the mode when the
-    file names none and ``modes`` expands it. Raises :class:`ScenarioError` for the file."""
+    file names none and ``modes`` expands it; ``combinations`` selects matrix points (see
+    :func:`harness.scenario.load_scenario_file`). Raises :class:`ScenarioError` for the file."""
     runs: list[tuple[str | None, dict[str, Any]]] = [(None, {})]
     if modes and not names_a_mode(path):
         runs = [(mode, {"graph.mode": mode}) for mode in modes]
     items: list[tuple[str, ScenarioPoint]] = []
     for mode, overrides in runs:
-        for point in load_scenario_file(path, overrides=overrides or None):
+        for point in load_scenario_file(path, overrides=overrides or None, combinations=combinations):
             if modes and point.scenario.graph.mode not in modes:
                 continue
             preflight_point(path, point)

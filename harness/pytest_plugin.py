@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from harness.collection import collect_points, parse_modes
+from harness import pytest_matrix
 from harness.engine import BACKENDS
 from harness.report.record import report_record
 from harness.report.results import RECORD_KEY, item_record, metrics, write_results
@@ -39,6 +40,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="override every scenario's FIA host contract")
     group.addoption("--results-json", default=None, metavar="PATH",
                     help="JSON results file (default reports/graph-harness-results.json when scenarios run)")
+    pytest_matrix.add_options(group)
 
 
 def selected_modes(config: pytest.Config) -> list[str] | None:
@@ -57,6 +59,7 @@ def pytest_configure(config: pytest.Config) -> None:
         if cls.marker:
             config.addinivalue_line("markers", f"{name}: scenario items using {cls.marker}")
     config.addinivalue_line("markers", "known_bad: scenarios built to fail the named checks")
+    pytest_matrix.register_markers(config)
     selected_modes(config)  # a bad --mode is a usage error before collection
     # One bad scenario file is a collection error for that file only; the rest still runs.
     config.option.continue_on_collection_errors = True
@@ -104,7 +107,9 @@ class ScenarioFile(pytest.File):
     """One YAML file: one item per matrix point (and per ``--mode`` if the file names none)."""
 
     def collect(self):
-        for suffix, point in collect_points(self.path, selected_modes(self.config)):
+        modes = selected_modes(self.config)
+        chosen = pytest_matrix.combinations(self.config, self.path, modes)
+        for suffix, point in collect_points(self.path, modes, combinations=chosen):
             name = f"{point.name}[{suffix}]" if suffix else point.name
             yield ScenarioItem.from_parent(self, name=name, point=point, **_node_id(self, point.name, suffix))
 
@@ -145,6 +150,7 @@ class ScenarioItem(pytest.Item):
                 self.add_marker(feature.name)
         if scenario.expect.outcome == "fail":
             self.add_marker("known_bad")
+        pytest_matrix.mark_item(self, scenario)
         self.record: dict[str, Any] | None = None
 
     def runtest(self) -> None:

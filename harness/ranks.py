@@ -8,10 +8,25 @@ instead of a hung test session.
 
 Design, and why:
 
-* **spawn, not fork.** Forking a process that already runs torch's thread pools can deadlock the
-  child; every rank is a fresh interpreter (``multiprocessing`` "spawn" context). Consequence:
-  ``fn`` must be importable by reference (module level), and a plain script that calls
-  :func:`run_ranks` needs the usual ``if __name__ == "__main__":`` guard.
+* **A warm fork server, not a fresh interpreter per rank.** Starting an interpreter and
+  importing torch costs seconds per rank; an item of two ranks paid it twice. By default ranks
+  come from a ``multiprocessing`` *forkserver*: one server per harness process (per pytest-xdist
+  worker), started on first use, that has imported torch, :mod:`harness.warm_start` and the
+  module of ``fn`` and then forks one fresh rank per request. Every item still gets brand-new
+  rank processes and a brand-new process group, so crash isolation is exactly that of a
+  fresh process: a rank that raises, crashes or hangs takes nothing with it but its own item.
+  The server never runs torch code, so forking it is safe (forking a process whose thread
+  pools are running could deadlock the child). If the server dies, the next run starts a new
+  one. ``warm=False`` spawns fresh interpreters instead (the old way): use it when ``env``
+  must be in place before torch is imported (in a warm rank torch is already imported).
+  Consequence of both: ``fn`` must be importable by reference (module level), and a plain
+  script that calls :func:`run_ranks` needs the usual ``if __name__ == "__main__":`` guard.
+* **The timeout excludes start-up.** Each rank touches ``rank<r>.ready`` once it runs with
+  torch imported; ``timeout`` counts from the moment every rank is ready, so a loaded machine
+  (or the first start of the fork server) cannot eat a run's budget. Start-up has its own,
+  generous limit (``start_timeout``).
+* **A cap on the world.** At most :data:`MAX_WORLD_SIZE` ranks per run: each rank is a process
+  holding a model, and the shipped cross product needs at most dp 4 x tp 4.
 * **FileStore rendezvous.** ``init_method="file://<fresh temp dir>/store"`` needs no TCP port, so
   parallel pytest-xdist workers never race for one.
 * **Results through files, not a queue.** Each rank pickles its outcome to
@@ -24,11 +39,14 @@ Design, and why:
 * **Nobody is left behind.** Once one rank has failed the others get ``grace`` seconds to
   finish (a peer stuck in a collective never will), then every live rank is terminated, killed
   after a short wait, and joined (reaped: no zombie). The temp dir is removed in every case.
-  Each rank also watches its parent and, if orphaned (parent SIGKILLed), removes the temp dir
-  and exits.
-* **Env before torch.** ``harness.ranks`` does not import torch at module level and ``fn`` and
-  ``args`` are unpickled inside the rank, after ``env`` is applied, so ``env`` (HCCL_*, NCCL_*,
-  OMP_*) is in place before torch or the module of ``fn`` is imported in the rank.
+  Each rank also watches the harness process (a pidfd: a forked rank's parent is the server,
+  not the harness) and, if the harness dies (SIGKILLed), removes the temp dir and exits. The
+  fork server exits with the harness process (multiprocessing closes its "alive" pipe).
+* **Env before the process group.** ``harness.ranks`` does not import torch at module level and
+  ``fn`` and ``args`` are unpickled inside the rank, after ``env`` is applied, so ``env``
+  (HCCL_*, NCCL_*) is in place before the process group is created and before the module of
+  ``fn`` is imported (unless the warm server preloaded it); with ``warm=False``, also before
+  torch is imported.
 """
 
 from __future__ import annotations
@@ -39,6 +57,7 @@ import multiprocessing.connection
 from multiprocessing.process import BaseProcess
 import os
 import pickle
+import select
 import shutil
 import signal
 import sys
@@ -49,7 +68,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
-__all__ = ["RankFailure", "RanksOutcome", "run_ranks", "run_in_process"]
+__all__ = ["MAX_WORLD_SIZE", "RankFailure", "RanksOutcome", "run_ranks", "run_in_process", "warm_server_pid"]
 
 FailureKind = Literal["exception", "crash", "timeout"]
 
@@ -59,12 +78,21 @@ LOG_TAIL_BYTES = 20_000
 KILL_GRACE_S = 2.0
 """Time between SIGTERM and SIGKILL when ending a rank."""
 
-STARTUP_TIMEOUT_S = 300.0
-"""How long the ranks may take to start (interpreter, ``import torch``, process group) before
-``timeout`` starts counting: start-up time depends on machine load, not on ``fn``."""
-
 _POLL_S = 0.1
 """How often the parent looks for a result file from a rank that is still alive."""
+
+MAX_WORLD_SIZE = 16
+"""Most ranks one run may start (dp 4 x tp 4, the largest world of the shipped cross product).
+
+A cap, not a pool size: each run forks exactly ``world_size`` ranks and ends them all. With
+pytest-xdist every worker runs its own items, so the machine sees at most
+``workers x MAX_WORLD_SIZE`` ranks at a time."""
+
+START_TIMEOUT_S = 300.0
+"""Default limit on start-up (fork or spawn, ``import torch``), kept apart from ``timeout``."""
+
+WARM_PRELOAD = ("__main__", "harness.warm_start")
+"""What the warm fork server imports before it forks (plus the module of the first ``fn``)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +111,8 @@ class RankFailure:
     traceback: str | None = None
     log: str = ""
     exitcode: int | None = None
+    at: float = float("inf")
+    """Wall-clock time of the failure (its result file's mtime, or when a crash was seen)."""
 
 
 @dataclass
@@ -95,7 +125,14 @@ class RanksOutcome:
     duration: float
     logs: list[str] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
-    startup: float = 0.0  # seconds until every rank was ready (process group up); in duration
+    startup: float = 0.0
+    """Seconds from the first start until every rank was ready (not counted in ``timeout``)."""
+
+    @property
+    def root_cause(self) -> RankFailure | None:
+        """The failure that came first: the others are often its victims (a peer's collective
+        reset, a timeout after the grace)."""
+        return min(self.failures, key=lambda f: (f.at, f.rank)) if self.failures else None
 
     def report(self) -> str:
         """Human-readable account of the failures, with each failed rank's log tail."""
@@ -120,31 +157,35 @@ def run_ranks(
     backend: str = "gloo",
     env: dict[str, str] | None = None,
     grace: float = 5.0,
+    warm: bool = True,
+    start_timeout: float = START_TIMEOUT_S,
 ) -> RanksOutcome:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` spawned processes, one per rank.
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes, one per rank.
 
     Each rank initialises a ``torch.distributed`` process group (``backend``, FileStore in a fresh
     temp dir), runs ``fn`` with one intra-op thread, destroys the group and sends back the
-    (picklable) return value. ``timeout`` is wall-clock seconds counted from the moment every
-    rank is ready (its process group initialised), so a loaded machine's slow interpreter start
-    and ``import torch`` never eat into it; start-up itself may take up to
-    :data:`STARTUP_TIMEOUT_S`. After the
-    first failure the remaining ranks get ``grace`` seconds before they are ended. ``env`` is set
-    in every rank before torch is imported there.
+    (picklable) return value. ``timeout`` is wall-clock seconds for the run, counted from the
+    moment every rank is up; start-up (forking from the warm server, or with ``warm=False``
+    spawning an interpreter and importing torch) has its own limit, ``start_timeout``. After
+    the first failure the remaining ranks get ``grace`` seconds before they are ended. ``env``
+    is set in every rank before its process group is created (with ``warm=False`` also before
+    torch is imported there).
 
-    Raises only for caller errors (bad ``world_size``, ``fn``/``args`` that do not pickle);
-    everything that goes wrong inside a rank is reported in the returned outcome.
+    Raises only for caller errors (``world_size`` outside 1..:data:`MAX_WORLD_SIZE`,
+    ``fn``/``args`` that do not pickle); everything that goes wrong inside a rank is reported
+    in the returned outcome.
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise ValueError(f"world_size must be between 1 and MAX_WORLD_SIZE {MAX_WORLD_SIZE}, got {world_size}")
     payload = pickle.dumps((fn, tuple(args)))  # fails here, clearly, if fn is not importable
     # The rank's group timeout is a last resort (e.g. our own parent gone); the parent's
     # deadline should always fire first, so give gloo/NCCL generously more.
-    group_timeout_s = timeout + grace + 60.0 + STARTUP_TIMEOUT_S
-    ctx = multiprocessing.get_context("spawn")
+    group_timeout_s = timeout + grace + 60.0
+    ctx = _warm_context(fn) if warm else multiprocessing.get_context("spawn")
     workdir = tempfile.mkdtemp(prefix="graph-harness-ranks-")
     procs: list[BaseProcess] = []
     start = time.monotonic()
+    ready_at: list[float] = []
     try:
         for rank in range(world_size):
             p = ctx.Process(
@@ -152,13 +193,16 @@ def run_ranks(
                 args=(payload, rank, world_size, workdir, backend, dict(env or {}), group_timeout_s, os.getpid()),
                 name=f"graph-harness-rank{rank}",
             )
-            p.start()
+            try:
+                p.start()
+            except Exception as exc:  # noqa: BLE001 - e.g. the warm server died while preloading
+                return _not_started(procs, world_size, exc, time.monotonic() - start)
             procs.append(p)
-        results, failures, ready_at = _supervise(procs, workdir, start, timeout, grace)
+        results, failures = _supervise(procs, workdir, start + start_timeout, timeout, grace, ready_at)
         _end_all(procs)
         logs = [_log_tail(workdir, r) for r in range(world_size)]
         failures = [
-            RankFailure(f.rank, f.kind, f.message, f.traceback, logs[f.rank], f.exitcode)
+            RankFailure(f.rank, f.kind, f.message, f.traceback, logs[f.rank], f.exitcode, f.at)
             for f in sorted(failures, key=lambda f: f.rank)
         ]
         return RanksOutcome(
@@ -168,7 +212,7 @@ def run_ranks(
             duration=time.monotonic() - start,
             logs=logs,
             pids=[p.pid for p in procs],
-            startup=(ready_at if ready_at is not None else time.monotonic()) - start,
+            startup=(ready_at[0] if ready_at else time.monotonic()) - start,
         )
     finally:
         _end_all(procs)  # also on KeyboardInterrupt / unexpected errors in the parent
@@ -221,33 +265,62 @@ def run_in_process(
     return RanksOutcome(True, [result], [], time.monotonic() - start, logs=[""], pids=[os.getpid()])
 
 
+def _not_started(procs: list[BaseProcess], world_size: int, exc: Exception, duration: float) -> RanksOutcome:
+    """Every rank failed: one could not even be started (the caller's ``finally`` ends the others)."""
+    message = f"could not start rank {len(procs)}: {_describe(exc)}"
+    failures = [RankFailure(r, "crash", message, traceback.format_exc()) for r in range(world_size)]
+    return RanksOutcome(False, [None] * world_size, failures, duration, logs=[""] * world_size,
+                        pids=[p.pid for p in procs])
+
+
+def warm_server_pid() -> int | None:
+    """The pid of this process's warm fork server, None before the first warm run."""
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver._forkserver_pid  # noqa: SLF001 - the stdlib has no public getter
+
+
+def _warm_context(fn: Callable[..., Any]) -> multiprocessing.context.BaseContext:
+    """The forkserver context; the server (started on first use) preloads torch and ``fn``'s module.
+
+    The preload list only matters when the server starts: later runs reuse the server, and a
+    ``fn`` from a module it did not preload is imported in the forked rank (still no torch import).
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    if warm_server_pid() is None:
+        ctx.set_forkserver_preload([*WARM_PRELOAD, getattr(fn, "__module__", None) or "harness.warm_start"])
+    return ctx
+
+
 # --- parent side -------------------------------------------------------------------------------
 
 
 def _supervise(
-    procs: list[BaseProcess], workdir: str, start: float, timeout: float, grace: float
-) -> tuple[list[Any | None], list[RankFailure], float | None]:
-    """Wait for every rank to report or die; stop at the deadline (``timeout`` after every rank
-    is ready) or ``grace`` after a failure. Also returns when the ranks were all ready."""
+    procs: list[BaseProcess], workdir: str, start_deadline: float, timeout: float, grace: float,
+    ready_at: list[float],
+) -> tuple[list[Any | None], list[RankFailure]]:
+    """Wait for every rank to report or die; stop at the deadline or ``grace`` after a failure.
+
+    Until every rank is ready the limit is ``start_deadline``; the moment the last one is, the
+    run's deadline becomes ``now + timeout`` (its time is appended to ``ready_at``).
+    """
     n = len(procs)
     results: list[Any | None] = [None] * n
     failures: list[RankFailure] = []
     pending = set(range(n))
     first_failed: int | None = None
-    ready_at: float | None = None
-    deadline = start + STARTUP_TIMEOUT_S + timeout
+    deadline = start_deadline
     stop_at = deadline
     while pending:
         now = time.monotonic()
-        if ready_at is None and all(os.path.exists(_ready_path(workdir, r)) for r in range(n)):
-            ready_at = now
+        if not ready_at and all(os.path.exists(_ready_path(workdir, r)) for r in range(n)):
+            ready_at.append(now)
             deadline = now + timeout
-            stop_at = min(stop_at, deadline)
+            stop_at = deadline if first_failed is None else min(stop_at, deadline)
         if now >= stop_at:
             break
-        multiprocessing.connection.wait(
-            [procs[r].sentinel for r in pending], timeout=min(_POLL_S, stop_at - now)
-        )
+        poll = _POLL_S if ready_at else _POLL_S / 10  # a warm start takes milliseconds: notice it soon
+        multiprocessing.connection.wait([procs[r].sentinel for r in pending], timeout=min(poll, stop_at - now))
         for r in sorted(pending):
             p = procs[r]
             alive = p.is_alive()
@@ -261,10 +334,10 @@ def _supervise(
                 results[r] = record[1]
             elif record is not None:
                 _, message, tb = record
-                failures.append(RankFailure(r, "exception", message, tb, exitcode=p.exitcode))
+                failures.append(RankFailure(r, "exception", message, tb, exitcode=p.exitcode, at=_mtime(path)))
             else:
                 code = p.exitcode
-                failures.append(RankFailure(r, "crash", _exit_message(code), exitcode=code))
+                failures.append(RankFailure(r, "crash", _exit_message(code), exitcode=code, at=time.time()))
             pending.discard(r)
             if record is None or record[0] != "ok":
                 if first_failed is None:
@@ -277,17 +350,17 @@ def _supervise(
             results[r] = record[1]  # reported, but slow to exit: the result stands
             continue
         if record is not None:
-            failures.append(RankFailure(r, "exception", record[1], record[2]))
+            failures.append(RankFailure(r, "exception", record[1], record[2], at=_mtime(path)))
             continue
-        msg = (
-            f"ended after rank {first_failed} failed (grace {grace:g}s)"
-            if first_failed is not None and time.monotonic() < deadline
-            else f"did not finish within the {timeout:g}s timeout"
-            if ready_at is not None
-            else f"the ranks were not all ready within the {STARTUP_TIMEOUT_S:g}s start-up limit"
-        )
+        if first_failed is not None and time.monotonic() < deadline:
+            msg = f"ended after rank {first_failed} failed (grace {grace:g}s)"
+        elif not ready_at:
+            msg = "did not start within the start-up limit" + (
+                "" if os.path.exists(_ready_path(workdir, r)) else " (never became ready)")
+        else:
+            msg = f"did not finish within the {timeout:g}s timeout"
         failures.append(RankFailure(r, "timeout", msg))
-    return results, failures, ready_at
+    return results, failures
 
 
 def _end_all(procs: list[BaseProcess]) -> None:
@@ -306,6 +379,13 @@ def _end_all(procs: list[BaseProcess]) -> None:
             p.join()
         except ValueError:  # already closed
             pass
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return time.time()
 
 
 def _alive(p: BaseProcess) -> bool:
@@ -338,12 +418,12 @@ def _log_path(workdir: str, rank: int) -> str:
     return os.path.join(workdir, f"rank{rank}.log")
 
 
-def _ready_path(workdir: str, rank: int) -> str:
-    return os.path.join(workdir, f"rank{rank}.ready")
-
-
 def _result_path(workdir: str, rank: int) -> str:
     return os.path.join(workdir, f"rank{rank}.result")
+
+
+def _ready_path(workdir: str, rank: int) -> str:
+    return os.path.join(workdir, f"rank{rank}.ready")
 
 
 def _log_tail(workdir: str, rank: int) -> str:
@@ -376,7 +456,7 @@ def _rank_main(
     group_timeout_s: float,
     parent_pid: int,
 ) -> None:
-    """Entry point of a spawned rank: log redirection, env, process group, ``fn``, result file."""
+    """Entry point of a rank: log redirection, env, ready file, process group, ``fn``, result file."""
     log_fd = os.open(_log_path(workdir, rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
@@ -394,6 +474,7 @@ def _rank_main(
         import torch.distributed as dist
 
         torch.set_num_threads(1)  # several ranks share few cores
+        open(_ready_path(workdir, rank), "wb").close()  # started: the run's timeout counts from here
         fn, args = pickle.loads(payload)
         dist.init_process_group(
             backend,
@@ -402,8 +483,9 @@ def _rank_main(
             world_size=world_size,
             timeout=datetime.timedelta(seconds=group_timeout_s),
         )
-        open(_ready_path(workdir, rank), "wb").close()  # the parent's timeout starts now
         result = fn(rank, world_size, *args)
+        if world_size > 1:
+            dist.barrier()  # a fast rank must not close its connections while a peer still sets up
         dist.destroy_process_group()
         data = pickle.dumps(("ok", result), protocol=pickle.HIGHEST_PROTOCOL)
     except BaseException as exc:  # noqa: BLE001 - SystemExit from fn is a failure too
@@ -425,12 +507,32 @@ def _write_result(workdir: str, rank: int, data: bytes) -> None:
 
 
 def _watch_parent(parent_pid: int, workdir: str) -> None:
-    """Exit if the parent goes away (SIGKILLed harness): no orphan rank stuck in a collective.
+    """Exit if the harness process goes away (SIGKILLed): no orphan rank stuck in a collective.
 
-    The parent's own cleanup cannot run then, so the orphan removes the temp dir on its way out.
+    A warm rank's parent is the fork server, not the harness, so the rank watches the harness's
+    pid itself: through a pidfd (readable once that process has exited; no pid-reuse race),
+    else by polling. The harness's own cleanup cannot run then, so the orphan removes the temp
+    dir on its way out.
     """
-    while True:
-        if os.getppid() != parent_pid:
-            shutil.rmtree(workdir, ignore_errors=True)
-            os._exit(70)
-        time.sleep(1.0)
+    try:
+        fd = os.pidfd_open(parent_pid)
+    except ProcessLookupError:
+        fd = None  # already gone
+    except (AttributeError, OSError):  # no pidfd here: poll
+        while _pid_alive(parent_pid):
+            time.sleep(1.0)
+        fd = None
+    if fd is not None:
+        select.select([fd], [], [])
+    shutil.rmtree(workdir, ignore_errors=True)
+    os._exit(70)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -36,6 +36,7 @@ from harness.ranks import run_ranks
 from harness.ops import set_native_impl
 from harness.scenario import Scenario, ScenarioPoint
 from harness.scenario.bounds import MAX_WORLD_SIZE
+from harness.scenario.limits import rank_timeout
 
 #: Outcomes, in pytest's vocabulary.
 PASSED, FAILED, XFAILED, SKIPPED = "passed", "failed", "xfailed", "skipped"
@@ -285,17 +286,14 @@ def _rank_model(ctx: RankContext):
 
 
 # -- multi-rank ---------------------------------------------------------------------------------
-RANK_TIMEOUT_S = 300.0
-
-
 def _run_ranks(scenario: Scenario, backend: str, features: list[Feature]) -> tuple[dict[str, CheckResult], RunRecord, list[str]]:
     world = registry.world_size(features)
     outcome = run_ranks(_rank_job, world, args=(scenario.model_dump(mode="json"), backend),
-                        timeout=RANK_TIMEOUT_S)
+                        timeout=rank_timeout(scenario))
     layout = describe(axis_sizes(features))
     if not outcome.ok:
         record = RunRecord(scenario.graph.mode, backend, [])
-        failure = outcome.failures[0]
+        failure = outcome.root_cause or outcome.failures[0]
         record.errors.append(PathError("graph", None, f"rank {failure.rank}", failure.kind, failure.message,
                                        category=ErrorCategory.RANK))
         summary = f"rank {failure.rank} {failure.kind}: {failure.message}"

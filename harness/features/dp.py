@@ -25,14 +25,15 @@ class DPDisagreement(RuntimeError):
 
 class DPSettings(FeatureSettings):
     size: int = Field(1, ge=1, le=MAX_AXIS_RANKS, description="Data-parallel ranks (1: DP off).")
-    batches: Literal["equal", "unequal"] = Field(
-        "equal", description="equal: round robin; unequal: rank 0 takes two thirds (others idle more).")
+    batches: Literal["equal", "unequal", "idle"] = Field(
+        "equal", description="equal: round robin; unequal: rank 0 takes two thirds (others idle more); "
+        "idle: the last rank gets no request at all (it runs dummy batches throughout).")
 
     @field_validator("batches")
     @classmethod
     def _needs_ranks(cls, value: str, info: ValidationInfo) -> str:
-        if value == "unequal" and info.data.get("size", 1) < 2:
-            raise ValueError(f"'unequal' batches need dp size >= 2 (size is {info.data.get('size', 1)})")
+        if value != "equal" and info.data.get("size", 1) < 2:
+            raise ValueError(f"{value!r} batches need dp size >= 2 (size is {info.data.get('size', 1)})")
         return value
 
 
@@ -49,11 +50,14 @@ class DataParallel(RankAxisFeature):
         return {"dp": self.size}
 
     def share_requests(self, plans: list[Any], ctx: RankContext) -> list[Any]:
-        """Round robin, or (unequal) rank 0 takes two thirds of the requests."""
+        """Round robin, (unequal) rank 0 takes two thirds of the requests, or (idle) the last
+        rank takes none."""
         if ctx.dp == 1:
             return plans
         if self.settings.batches == "equal":
             return plans[ctx.dp_rank :: ctx.dp]
+        if self.settings.batches == "idle":  # the others share round robin
+            return [] if ctx.dp_rank == ctx.dp - 1 else plans[ctx.dp_rank :: ctx.dp - 1]
         cut = -(-2 * len(plans) // 3)
         if ctx.dp_rank == 0:
             return plans[:cut]

@@ -19,7 +19,7 @@ import re
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Mapping, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, Iterable, Mapping, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -325,17 +325,24 @@ class _Raw:
     expected: frozenset  # point indices where this error would be expected if not combination-bound
 
 
+#: Picks the matrix points to expand: ``(matrix, excludes) -> index tuples`` (one index per axis).
+Combinations = Callable[[dict[str, list[Any]], list[dict[str, Any]]], Iterable[tuple[int, ...]]]
+
+
 def load_scenario_file(
-    path: str | Path, overrides: Mapping[str, Any] | None = None
+    path: str | Path, overrides: Mapping[str, Any] | None = None, combinations: Combinations | None = None
 ) -> list[ScenarioPoint]:
     """Load one scenario file: one :class:`ScenarioPoint` per matrix point (one if no matrix).
 
     ``overrides`` (dotted path -> value) are applied to every point after the matrix values;
     an override of a matrix axis replaces that axis by the single override value.
+    ``combinations`` selects the points to expand (default: the whole cross product; see
+    :mod:`harness.scenario.cross` for a pairwise selection); exclusions apply either way.
     Raises :class:`ScenarioFileError` listing every problem found.
     """
     text = read_source(str(path))
-    return load_scenario_text(text, path=str(path), overrides=overrides, stem=Path(path).stem)
+    return load_scenario_text(text, path=str(path), overrides=overrides, stem=Path(path).stem,
+                              combinations=combinations)
 
 
 def load_scenario_text(
@@ -343,6 +350,7 @@ def load_scenario_text(
     path: str = "<string>",
     overrides: Mapping[str, Any] | None = None,
     stem: str | None = None,
+    combinations: Combinations | None = None,
 ) -> list[ScenarioPoint]:
     """Like :func:`load_scenario_file`, from a string; ``stem`` is the default name."""
     if stem is None:
@@ -435,7 +443,9 @@ def load_scenario_text(
     axes_names = list(matrix)
     combos: list[dict[str, Any]] = []
     indices: list[tuple[int, ...]] = []
-    for idx in itertools.product(*(range(len(matrix[a])) for a in axes_names)):
+    chosen = (combinations(matrix, excludes) if combinations and axes_names
+              else itertools.product(*(range(len(matrix[a])) for a in axes_names)))
+    for idx in chosen:
         axes = {a: matrix[a][i] for a, i in zip(axes_names, idx)}
         if any(all(axes.get(k) == v for k, v in ex.items()) for ex in excludes):
             continue

@@ -524,6 +524,15 @@ class Scenario(_Base):
         default_factory=list,
         description="Points matching every key/value of any entry are dropped.",
     )
+    matrix_selection: Literal["full", "pairwise"] = Field(
+        "full",
+        description="Which matrix points run by default: every one, or a pairwise covering "
+        "array (every pair of axis values in some item); --matrix=full runs every point.",
+    )
+    timeout_s: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="Wall-clock limit of each item in seconds; null = the harness default."
+    )
+    slow: bool = Field(False, description="A long-running kind: its items carry the 'slow' marker.")
 
     @field_validator("name")
     @classmethod

@@ -60,3 +60,17 @@ def in_process_sum(rank: int, world_size: int, x: int) -> int:
 
 def fail_in_process(rank: int, world_size: int) -> None:
     raise KeyError("nope")
+
+
+def parent_pid(rank: int, world_size: int) -> int:
+    """The pid of the process that started this rank (the warm server, for a warm rank)."""
+    return os.getppid()
+
+
+def sleep_forever(rank: int, world_size: int) -> None:
+    """Writes its pid into the run's temp dir (where its log is), then never returns."""
+    workdir = os.path.dirname(os.readlink("/proc/self/fd/1"))  # fd 1 is <workdir>/rank<r>.log
+    with open(os.path.join(workdir, f"rank{rank}.pid.tmp"), "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(os.path.join(workdir, f"rank{rank}.pid.tmp"), os.path.join(workdir, f"rank{rank}.pid"))
+    time.sleep(600)

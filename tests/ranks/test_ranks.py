@@ -1,14 +1,21 @@
-"""Tests for harness.ranks: real spawned ranks with torch.distributed (gloo, FileStore).
+"""Tests for harness.ranks: real rank processes with torch.distributed (gloo, FileStore).
 
-Spawning a rank costs ~2-3 s (interpreter + torch import), so each test is one run.
+Ranks are forked from the warm server (milliseconds) unless a test asks for ``warm=False``
+(interpreter + torch import, seconds): those tests are one run each. No time limit below
+includes process start: ``outcome.startup`` is subtracted where a duration is bounded.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import signal
+import subprocess
+import sys
 import tempfile
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,8 +32,10 @@ def workdirs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     real = tempfile.mkdtemp
 
     def mkdtemp(*a, **kw):
-        made.append(real(*a, **kw))
-        return made[-1]
+        path = real(*a, **kw)
+        if os.path.basename(path).startswith("graph-harness-ranks-"):  # not multiprocessing's own
+            made.append(path)
+        return path
 
     monkeypatch.setattr(ranks.tempfile, "mkdtemp", mkdtemp)
     return made
@@ -71,7 +80,8 @@ def test_exception_is_reported_and_peer_ended_promptly(workdirs: list[str]) -> N
     assert "ValueError" in by_rank[1].traceback and "rank 1 disagrees" in by_rank[1].message
     assert "ValueError" in by_rank[1].log  # the traceback is in the rank's log too
     assert by_rank[0].kind == "timeout" and "ended after rank 1 failed" in by_rank[0].message
-    assert elapsed - out.startup < 30, (elapsed, out.startup)  # nowhere near the 120 s timeout
+    assert out.root_cause is by_rank[1]  # the cause, not its victim
+    assert elapsed < 30, elapsed  # nowhere near the 120 s timeout
     assert "rank 1" in out.report() and "ValueError" in out.report()
     _assert_clean(out, workdirs)
 
@@ -81,10 +91,11 @@ def test_crash_reports_exit_code(workdirs: list[str]) -> None:
     assert not out.ok
     by_rank = {f.rank: f for f in out.failures}
     assert by_rank[1].kind == "crash" and by_rank[1].exitcode == 3
+    assert out.root_cause.rank == 1
     assert "code 3" in by_rank[1].message
     assert "rank 1 about to exit" in by_rank[1].log
     assert by_rank[0].kind == "timeout"
-    assert out.duration - out.startup < 30, (out.duration, out.startup)
+    assert out.duration < 30
     _assert_clean(out, workdirs)
 
 
@@ -94,14 +105,14 @@ def test_hang_in_collective_times_out_and_ends_all(workdirs: list[str]) -> None:
     assert {f.rank: f.kind for f in out.failures} == {0: "timeout", 1: "timeout"}
     assert all("8s timeout" in f.message for f in out.failures)
     assert "rank 0 entering all_reduce" in out.failures[0].log
-    # The budget counts from rank readiness: interpreter start and import torch are not in it.
-    assert out.startup > 0 and 8 <= out.duration - out.startup < 20, (out.startup, out.duration)
+    assert 8 <= out.duration - out.startup < 20  # the timeout counts from ready, not from start
     _assert_clean(out, workdirs)
 
 
 def test_world_size_one_big_result_and_env(workdirs: list[str]) -> None:
     nbytes = 4 * 1024 * 1024
-    out = run_ranks(rank_fns.big_result, 1, args=(nbytes,), timeout=60, env={"GH_RANKS_TEST": "seen"})
+    # cold start (spawn): the path for env that must precede the torch import
+    out = run_ranks(rank_fns.big_result, 1, args=(nbytes,), timeout=60, env={"GH_RANKS_TEST": "seen"}, warm=False)
     assert out.ok, out.report()
     (res,) = out.results
     assert len(res["payload"]) == nbytes and res["payload"][:3] == b"\x00\x01\x02"
@@ -123,3 +134,147 @@ def test_run_in_process() -> None:
 def test_unpicklable_fn_is_a_caller_error() -> None:
     with pytest.raises((pickle.PicklingError, AttributeError, TypeError)):
         run_ranks(lambda rank, ws: None, 2, timeout=5)
+
+
+def test_warm_server_is_reused_and_every_run_gets_fresh_ranks(workdirs: list[str]) -> None:
+    first = run_ranks(rank_fns.parent_pid, 2, timeout=60)
+    server = ranks.warm_server_pid()
+    second = run_ranks(rank_fns.parent_pid, 2, timeout=60)
+    assert first.ok and second.ok, first.report() + second.report()
+    assert server is not None and ranks.warm_server_pid() == server
+    assert first.results == [server, server] == second.results  # forked by the warm server
+    assert not set(first.pids) & set(second.pids)  # fresh processes per run, never reused
+    _assert_clean(second, workdirs)
+
+
+def test_a_failed_run_leaves_the_next_one_healthy(workdirs: list[str]) -> None:
+    hung = run_ranks(rank_fns.skip_collective_on_rank1, 2, timeout=2, grace=0.5)
+    assert not hung.ok and {f.kind for f in hung.failures} == {"timeout"}
+    crashed = run_ranks(rank_fns.exit_on_rank1, 2, args=(9,), timeout=60, grace=0.5)
+    assert not crashed.ok and crashed.failures[1].exitcode == 9
+    after = run_ranks(rank_fns.all_reduce_sum, 2, args=(1.0,), timeout=60)
+    assert after.ok, after.report()
+    assert torch.equal(after.results[0]["sum"], torch.full((4,), 3.0))
+    _assert_clean(after, workdirs)
+    assert not any(os.path.exists(d) for d in workdirs), workdirs  # the failed runs' dirs too
+
+
+def test_a_dead_warm_server_is_replaced(workdirs: list[str]) -> None:
+    assert run_ranks(rank_fns.parent_pid, 1, timeout=60).ok
+    old = ranks.warm_server_pid()
+    os.kill(old, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while not _gone_or_zombie(old) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out = run_ranks(rank_fns.parent_pid, 2, timeout=60)
+    assert out.ok, out.report()
+    assert ranks.warm_server_pid() not in (None, old) and out.results[0] == ranks.warm_server_pid()
+    _assert_clean(out, workdirs)
+
+
+def test_world_size_is_capped() -> None:
+    with pytest.raises(ValueError, match="MAX_WORLD_SIZE"):
+        run_ranks(rank_fns.parent_pid, ranks.MAX_WORLD_SIZE + 1, timeout=5)
+    with pytest.raises(ValueError):
+        run_ranks(rank_fns.parent_pid, 0, timeout=5)
+
+
+_HARNESS_SCRIPT = """
+import json, sys
+from harness import ranks
+from tests.ranks import rank_fns
+if __name__ == "__main__":
+    out = ranks.run_ranks(rank_fns.{fn}, 2, timeout=120)
+    print(json.dumps({{"ok": out.ok, "server": ranks.warm_server_pid(), "pids": out.pids}}), flush=True)
+"""
+
+
+def _harness_process(tmp_path: Path, fn: str) -> subprocess.Popen:
+    script = tmp_path / "harness_process.py"
+    script.write_text(textwrap.dedent(_HARNESS_SCRIPT.format(fn=fn)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path]),
+           "TMPDIR": str(tmp_path)}
+    return subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+
+
+def test_nothing_outlives_the_harness_process(tmp_path: Path) -> None:
+    """After a harness process exits, its fork server and ranks are gone, and so are the temp dirs."""
+    proc = _harness_process(tmp_path, "parent_pid")
+    out, _ = proc.communicate(timeout=300)
+    import json
+
+    report = json.loads(out.strip().splitlines()[-1])
+    assert proc.returncode == 0 and report["ok"], out
+    for pid in [report["server"], *report["pids"]]:
+        _wait_gone(pid)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(("graph-harness-ranks-", "pymp-"))]
+
+
+def test_ranks_of_a_killed_harness_exit_and_clean_up(tmp_path: Path) -> None:
+    """SIGKILL the harness mid-run: its ranks (children of the server) notice and leave no temp dir."""
+    proc = _harness_process(tmp_path, "sleep_forever")
+    deadline = time.monotonic() + 300
+    while len(list(tmp_path.glob("graph-harness-ranks-*/rank*.pid"))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "ranks never started"
+        time.sleep(0.1)
+    workdir = next(tmp_path.glob("graph-harness-ranks-*"))
+    pids = [int(p.read_text()) for p in sorted(workdir.glob("rank*.pid"))]
+    assert len(pids) == 2
+    proc.kill()
+    proc.wait()
+    for pid in pids:
+        _wait_gone(pid)
+    _wait_until(lambda: not workdir.exists())
+
+
+def _wait_until(cond, limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def _wait_gone(pid: int) -> None:
+    _wait_until(lambda: _gone_or_zombie(pid))
+
+
+def _gone_or_zombie(pid: int) -> bool:
+    """Gone, or a zombie whose parent (not us) has not reaped it yet: it runs nothing."""
+    if _gone(pid):
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_an_interrupted_run_ends_its_ranks(workdirs: list[str]) -> None:
+    """The item's time limit (pytest-timeout, SIGALRM) raises in the parent mid-run: no rank,
+    no temp dir is left behind."""
+
+    class Limit(BaseException):  # like pytest-timeout's Failed: not an Exception
+        pass
+
+    def on_alarm(signum, frame):
+        raise Limit()
+
+    assert run_ranks(rank_fns.parent_pid, 1, timeout=60).ok  # the warm server is up: ranks start in ms
+    seen: list[int] = []
+    real_start = ranks.multiprocessing.process.BaseProcess.start
+
+    def start(self):
+        real_start(self)
+        seen.append(self.pid)
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ranks.multiprocessing.process.BaseProcess, "start", start)
+            signal.setitimer(signal.ITIMER_REAL, 3.0)
+            with pytest.raises(Limit):
+                run_ranks(rank_fns.skip_collective_on_rank1, 2, timeout=120)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(seen) == 2 and all(_gone(pid) for pid in seen), seen
+    assert workdirs and not any(os.path.exists(d) for d in workdirs)

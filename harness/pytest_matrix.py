@@ -1,0 +1,91 @@
+"""pytest glue for the matrix selection (pairwise or full), item time limits and markers.
+
+Kept apart from :mod:`harness.pytest_plugin` so that file only calls in here:
+
+* ``--matrix=pairwise|full``: for scenario files that declare ``matrix_selection: pairwise``
+  (the shipped cross product), which points become items. Default: pairwise, a covering
+  array of every pair of axis values (:mod:`harness.scenario.cross`); ``full`` is every point,
+  for nightly runs. Files without the declaration always expand fully, as before.
+* markers: ``cross_product`` on every item of such a file, ``slow`` on items of scenarios that
+  say ``slow: true``;
+* a wall-clock limit on every scenario item through pytest-timeout (its ``timeout_s``, else
+  :data:`~harness.scenario.limits.DEFAULT_ITEM_TIMEOUT_S`), enforced with SIGALRM so a hang
+  fails its item and the session goes on. The ranks' own timeout is derived from the same
+  limit (:func:`~harness.scenario.limits.rank_timeout`) and fires first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from harness.scenario import Scenario
+from harness.scenario.cross import SELECTIONS, select
+from harness.scenario.limits import item_timeout
+from harness.scenario.loader import Combinations
+
+CROSS_PRODUCT_MARKER = "cross_product"
+SLOW_MARKER = "slow"
+
+
+def add_options(group: Any) -> None:
+    group.addoption("--matrix", default=None, choices=SELECTIONS,
+                    help="points of a 'matrix_selection: pairwise' file (the shipped cross product) to run: "
+                         "pairwise (default: every pair of axis values in some item) or full (every point)")
+
+
+def register_markers(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{CROSS_PRODUCT_MARKER}: items of the feature cross product "
+                                       "(pairwise selection by default, --matrix=full for every point)")
+    config.addinivalue_line("markers", f"{SLOW_MARKER}: long-running scenario kinds (deselect with -m 'not slow')")
+
+
+def combinations(config: pytest.Config, path: Path, modes: list[str] | None) -> Combinations | None:
+    """The point selection for this file, or None for the loader's full expansion."""
+    if not _declares_pairwise(path):
+        return None
+    how = config.getoption("--matrix") or "pairwise"
+
+    def chosen(matrix: dict[str, list[Any]], excludes: list[dict[str, Any]]):
+        restrict = None
+        if modes and "graph.mode" in matrix:  # cover pairs within the run's modes
+            restrict = {"graph.mode": [v for v in matrix["graph.mode"] if _mode(v) in modes]}
+        return select(matrix, excludes, how=how, restrict=restrict, unsupported=unsupported)
+
+    return chosen
+
+
+def mark_item(item: pytest.Item, scenario: Scenario) -> None:
+    """Markers and the time limit of one scenario item."""
+    if scenario.slow:
+        item.add_marker(SLOW_MARKER)
+    if scenario.matrix_selection == "pairwise":
+        item.add_marker(CROSS_PRODUCT_MARKER)
+    if item.config.pluginmanager.hasplugin("timeout"):
+        item.add_marker(pytest.mark.timeout(item_timeout(scenario), method="signal"))
+
+
+def unsupported(point: dict[str, Any]) -> str | None:
+    """Why a (possibly partial) point is unsupported by design, asking the features themselves."""
+    from harness.features import active_features
+
+    for feature in active_features(point.get("features", {}), point.get("fixes", {})):
+        reason = feature.unsupported(point)
+        if reason:
+            return f"{feature.name}: {reason}"
+    return None
+
+
+def _declares_pairwise(path: Path) -> bool:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False  # the loader reports it
+    return isinstance(data, dict) and data.get("matrix_selection") == "pairwise"
+
+
+def _mode(value: Any) -> str:
+    return str(value).strip().upper().replace("-", "_")

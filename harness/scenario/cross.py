@@ -1,0 +1,138 @@
+"""Which points of a scenario matrix run: the full cross product, or a pairwise covering array.
+
+The feature space (five modes x SP x DP x MTP x CP x workloads) is thousands of points; each
+bug seen so far needs two axes to line up (SP tp 2 with MTP k 2, DP with an idle rank, ...), so a
+*pairwise* selection, in which every pair of values of any two axes appears in at least one
+item, finds them at a few percent of the cost. The full product stays one option away
+(``--matrix=full``) for nightly runs. The covering array comes from allpairspy rather than a
+hand-rolled greedy search.
+
+A selection never contains a point that ``matrix_exclude`` drops, and (given a check) never a
+point that is unsupported by design: such a point would be a skipped item covering nothing.
+The full product keeps those, so that they are reported as skipped with their reason.
+
+Pure: no pytest, no torch. The result is a list of index tuples (one index per axis, in axis
+order) for :func:`harness.scenario.loader.load_scenario_file`'s ``combinations``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+
+from allpairspy import AllPairs
+
+Selection = Literal["full", "pairwise"]
+SELECTIONS: tuple[Selection, ...] = ("pairwise", "full")
+Index = tuple[int, ...]
+#: ``point -> reason`` (None when the point can run); the point is the nested mapping of its axes.
+#: It is also asked about partial points (the first axes only) while the covering array is
+#: built, and must then judge by the axes present, reading absent settings as their defaults.
+Unsupported = Callable[[dict[str, Any]], "str | None"]
+
+
+def select(
+    matrix: Mapping[str, Sequence[Any]],
+    excludes: Sequence[Mapping[str, Any]] = (),
+    *,
+    how: Selection = "full",
+    restrict: Mapping[str, Iterable[Any]] | None = None,
+    unsupported: Unsupported | None = None,
+) -> list[Index]:
+    """The chosen points of ``matrix`` as index tuples, in cross-product order.
+
+    ``restrict`` narrows axes to some of their values first (``{"graph.mode": ["FULL"]}`` for
+    ``--mode=FULL``), so a pairwise selection covers every pair *within* the run's modes rather
+    than being thinned out afterwards.
+    """
+    names = list(matrix)
+    allowed = [_allowed(name, matrix[name], restrict) for name in names]
+    if how == "full":
+        return list(itertools.product(*allowed))
+    if how != "pairwise":
+        raise ValueError(f"unknown matrix selection {how!r}; known: {', '.join(SELECTIONS)}")
+    if len(names) < 2:  # a single axis has no pairs: every value once
+        return [idx for idx in itertools.product(*allowed) if runnable(matrix, idx, excludes, unsupported)]
+
+    def keep(row: list[tuple[int, int]]) -> bool:
+        prefix = tuple(index for _, index in row)
+        if _excluded(matrix, names[: len(prefix)], prefix, excludes):
+            return False
+        return unsupported is None or unsupported(point_of(matrix, prefix)) is None
+
+    # values carry their axis so equal indices of different axes stay distinct
+    parameters = [[(axis, index) for index in values] for axis, values in enumerate(allowed)]
+    rows = {tuple(index for _, index in row) for row in AllPairs(parameters, filter_func=keep)}
+    # allpairspy's greedy search can miss a pair once the filter has rejected rows: add, for
+    # what is left, the runnable point that covers the most of it (a few rows at most).
+    candidates = [idx for idx in itertools.product(*allowed) if runnable(matrix, idx, excludes, unsupported)]
+    missing = set().union(*map(_pairs, candidates)) - set().union(*map(_pairs, rows))
+    if missing:
+        while missing:
+            best = max(candidates, key=lambda idx: len(_pairs(idx) & missing))
+            rows.add(best)
+            missing -= _pairs(best)
+    return sorted(rows)
+
+
+def runnable(matrix: Mapping[str, Sequence[Any]], idx: Index, excludes: Sequence[Mapping[str, Any]] = (),
+             unsupported: Unsupported | None = None) -> bool:
+    """Whether a point is neither excluded nor unsupported by design."""
+    if _excluded(matrix, list(matrix), idx, excludes):
+        return False
+    return unsupported is None or unsupported(point_of(matrix, idx)) is None
+
+
+def uncovered_pairs(matrix: Mapping[str, Sequence[Any]], chosen: Iterable[Index],
+                    excludes: Sequence[Mapping[str, Any]] = (), *,
+                    restrict: Mapping[str, Iterable[Any]] | None = None,
+                    unsupported: Unsupported | None = None) -> set[tuple[int, int, int, int]]:
+    """Pairs ``(axis a, index, axis b, index)`` that some runnable point has but no chosen one.
+
+    Empty for a correct pairwise selection: the property the tests check.
+    """
+    names = list(matrix)
+    allowed = [_allowed(name, matrix[name], restrict) for name in names]
+    need: set[tuple[int, int, int, int]] = set()
+    for idx in itertools.product(*allowed):
+        if runnable(matrix, idx, excludes, unsupported):
+            need |= _pairs(idx)
+    for idx in chosen:
+        need -= _pairs(idx)
+    return need
+
+
+def point_of(matrix: Mapping[str, Sequence[Any]], idx: Index) -> dict[str, Any]:
+    """The nested mapping a point's axis values make (``{"features": {"sp": {"tp": 2}}}``)."""
+    out: dict[str, Any] = {}
+    for name, index in zip(matrix, idx):
+        value = matrix[name][index]
+        if isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k != "_id"}
+        *parents, leaf = name.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        if isinstance(value, dict) and isinstance(node.get(leaf), dict):
+            node[leaf].update(value)
+        else:
+            node[leaf] = value
+    return out
+
+
+def _allowed(name: str, values: Sequence[Any], restrict: Mapping[str, Iterable[Any]] | None) -> list[int]:
+    if not restrict or name not in restrict:
+        return list(range(len(values)))
+    wanted = list(restrict[name])
+    return [i for i, value in enumerate(values) if value in wanted]
+
+
+def _excluded(matrix: Mapping[str, Sequence[Any]], names: Sequence[str], prefix: Index,
+              excludes: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether an exclude entry whose axes all lie in ``prefix`` matches it."""
+    values = {name: matrix[name][index] for name, index in zip(names, prefix)}
+    return any(all(k in values and values[k] == v for k, v in entry.items()) for entry in excludes)
+
+
+def _pairs(idx: Index) -> set[tuple[int, int, int, int]]:
+    return {(a, idx[a], b, idx[b]) for a in range(len(idx)) for b in range(a + 1, len(idx))}

@@ -1,0 +1,84 @@
+"""--matrix (pairwise / full), the cross_product and slow markers, per-item time limits."""
+
+from __future__ import annotations
+
+import pytest
+
+import harness.pytest_plugin  # noqa: F401 - see tests/plugin/test_plugin.py: import once per process
+import harness.report.html  # noqa: F401
+import harness.session  # noqa: F401
+
+pytest_plugins = ["pytester"]
+
+CROSS = """
+name: cube
+matrix_selection: pairwise
+graph: {capture_sizes: [1, 2, 4]}
+steps: 3
+workload:
+  requests:
+    - {prompt_len: 3, output_len: 3}
+matrix:
+  graph.mode: [FULL, PIECEWISE, NONE]
+  model.dtype: [float32, bfloat16]
+  features.mtp.k: [0, 1, 2]
+  steps: [2, 3, 4]
+"""
+
+TINY = """
+name: {name}
+graph: {{capture_sizes: [1, 2, 4], mode: FULL}}
+workload:
+  requests:
+    - {{prompt_len: 3, output_len: 3}}
+{extra}
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest('pytest_plugins = ["harness.pytest_plugin"]')
+    (pytester.path / "scenarios").mkdir()
+    return pytester
+
+
+def _count(result: pytest.RunResult) -> int:
+    line = next(l for l in result.outlines if "collected" in l)
+    return int(line.split()[0].split("/")[0])
+
+
+def test_pairwise_by_default_full_on_request_and_marked(project):
+    (project.path / "scenarios" / "cube.yaml").write_text(CROSS)
+    pairwise = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")
+    full = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", "--matrix=full")
+    assert _count(full) == 3 * 2 * 3 * 3
+    assert 9 <= _count(pairwise) < 54
+    marked = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", "-m", "cross_product")
+    assert _count(marked) == _count(pairwise)
+
+
+def test_mode_option_selects_pairs_within_the_mode(project):
+    (project.path / "scenarios" / "cube.yaml").write_text(CROSS)
+    result = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", "--mode=PIECEWISE")
+    items = [l for l in result.outlines if "::cube[" in l]
+    assert items and all("PIECEWISE" in l for l in items)
+    assert len(items) >= 9  # every (dtype, k, steps) pair within PIECEWISE: at least 3 x 3
+
+
+def test_files_without_the_declaration_expand_fully(project):
+    (project.path / "scenarios" / "cube.yaml").write_text(CROSS.replace("matrix_selection: pairwise\n", ""))
+    assert _count(project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")) == 54
+
+
+def test_a_hung_item_fails_on_its_limit_and_the_session_goes_on(project):
+    """timeout_s far below what the item needs: pytest-timeout fails it; the next item passes."""
+    (project.path / "scenarios" / "a_hangs.yaml").write_text(
+        TINY.format(name="hangs", extra="timeout_s: 0.01\nmodel: {kind: random, layers: 4}\nsteps: 12"))
+    (project.path / "scenarios" / "b_fine.yaml").write_text(TINY.format(name="fine", extra="slow: true\nsteps: 3"))
+    result = project.runpytest("-p", "no:cacheprovider", "-q")
+    outcomes = result.parseoutcomes()
+    # the limit covers setup too: on a loaded machine it may fire there (an error, not a failure)
+    assert outcomes.get("passed") == 1 and outcomes.get("failed", 0) + outcomes.get("errors", 0) == 1, outcomes
+    result.stdout.fnmatch_lines(["*Timeout*0.01*"])
+    slow = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider", "-m", "slow")
+    assert _count(slow) == 1 and any("fine" in l for l in slow.outlines)
