@@ -71,3 +71,5 @@ MAX_WORLD_SIZE = MAX_AXIS_RANKS
 """Processes of one multi-rank item: the product of every feature's rank axis (dp x tp x cp)."""
 MAX_STREAM_POOL = 65_536
 MAX_STREAMS_PER_GRAPH = 64
+MAX_ITEM_TIMEOUT_S = 86_400.0
+"""An item's ``timeout_s``: one day."""

@@ -529,7 +529,7 @@ class Scenario(_Base):
         description="Which matrix points run by default: every one, or a pairwise covering "
         "array (every pair of axis values in some item); --matrix=full runs every point.",
     )
-    timeout_s: Annotated[float, Field(gt=0)] | None = Field(
+    timeout_s: Annotated[float, Field(gt=0, le=L.MAX_ITEM_TIMEOUT_S, allow_inf_nan=False)] | None = Field(
         None, description="Wall-clock limit of each item in seconds; null = the harness default."
     )
     slow: bool = Field(False, description="A long-running kind: its items carry the 'slow' marker.")
