@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from harness.scenario import Scenario
 from harness.scenario.cross import SELECTIONS, select
@@ -80,9 +79,12 @@ def unsupported(point: dict[str, Any]) -> str | None:
 
 
 def _declares_pairwise(path: Path) -> bool:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
+    from harness.scenario import ScenarioError
+    from harness.scenario.yaml_source import compose_text, read_source
+
+    try:  # the bounded reader: an alias bomb or bad bytes must not hang or raise here
+        data = compose_text(read_source(str(path)), str(path)).data
+    except ScenarioError:
         return False  # the loader reports it
     return isinstance(data, dict) and data.get("matrix_selection") == "pairwise"
 

@@ -8,23 +8,24 @@ junitxml properties and the pytest-html extras.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
+from harness.collection import collect_points, parse_modes
 from harness import pytest_matrix
 from harness.engine import BACKENDS
-from harness.graph.modes import parse_mode
 from harness.report.record import report_record
 from harness.report.results import attach_record, item_record, metrics, write_results
-from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, load_scenario_file, locate
+from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, locate
 
 SCENARIO_DIR = "scenarios"
 _results_key = pytest.StashKey[list]()
+_report_errors_key = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -42,13 +43,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def selected_modes(config: pytest.Config) -> list[str] | None:
-    option = config.getoption("--mode")
-    if not option:
-        return None
     try:
-        return [str(parse_mode(name.strip())) for name in option.split(",") if name.strip()]
+        return parse_modes(config.getoption("--mode"))
     except ValueError as error:
-        raise pytest.UsageError(f"--mode: {error}") from None
+        raise pytest.UsageError(f"--mode={config.getoption('--mode')}: {error}") from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -93,7 +91,8 @@ def _describe_environment(config: pytest.Config) -> None:
 
     table = config.stash.get(metadata_key, None)
     if table is not None:
-        table.update({"graph-harness": harness.__version__, "torch": str(torch.__version__),  # TorchVersion does not cross xdist
+        # str(): torch.__version__ is a TorchVersion, which execnet cannot send to xdist workers
+        table.update({"graph-harness": harness.__version__, "torch": str(torch.__version__),
                       "backend": resolve(config.getoption("--backend"))})
 
 
@@ -108,18 +107,10 @@ class ScenarioFile(pytest.File):
 
     def collect(self):
         modes = selected_modes(self.config)
-        runs: list[tuple[str | None, dict[str, Any]]] = [(None, {})]
-        if modes and not _names_a_mode(self.path):
-            runs = [(mode, {"graph.mode": mode}) for mode in modes]
         chosen = pytest_matrix.combinations(self.config, self.path, modes)
-        for mode, overrides in runs:
-            for point in load_scenario_file(self.path, overrides=overrides or None, combinations=chosen):
-                if modes and point.scenario.graph.mode not in modes:
-                    continue
-                _preflight(self.path, point)
-                suffix = "-".join(part for part in (point.id, mode) if part)
-                name = f"{point.name}[{suffix}]" if suffix else point.name
-                yield ScenarioItem.from_parent(self, name=name, point=point)
+        for suffix, point in collect_points(self.path, modes, combinations=chosen):
+            name = f"{point.name}[{suffix}]" if suffix else point.name
+            yield ScenarioItem.from_parent(self, name=name, point=point, **_node_id(self, point.name, suffix))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]):  # type: ignore[override]
         if isinstance(excinfo.value, ScenarioError):
@@ -127,29 +118,14 @@ class ScenarioFile(pytest.File):
         return super().repr_failure(excinfo)
 
 
-def _preflight(path: Path, point: ScenarioPoint) -> None:
-    """Problems only the harness can see still name the file, the line and the field."""
-    from harness.session import preflight
-
-    problem = preflight(point.scenario)
-    if problem:
-        field, message = problem
-        where = f" [matrix point {point.id}]" if point.id else ""
-        raise ScenarioError(message + where, path=str(path), line=locate(path, field) or point.source.line,
-                            field=field)
-
-
-def _names_a_mode(path: Path) -> bool:
-    """Whether the file fixes its own mode (``graph.mode`` or a ``graph.mode`` matrix axis)."""
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
-        return True  # the loader reports the syntax error
-    if not isinstance(data, dict):
-        return True
-    graph = data.get("graph")
-    matrix = data.get("matrix") or {}
-    return (isinstance(graph, dict) and "mode" in graph) or (isinstance(matrix, dict) and "graph.mode" in matrix)
+def _node_id(parent: pytest.Collector, name: str, params: str) -> dict[str, Any]:
+    """The id pytest itself would give a parametrized item (pytest >= 9.2 keeps node ids
+    structured as name + params; an item named "x[id]" without them never matches the ids that
+    --lf / --ff read back from the cache). Older pytest builds the string id from the name."""
+    parent_id = getattr(parent, "id", None)
+    if parent_id is None or not hasattr(parent_id, "with_params"):
+        return {}
+    return {"nodeid": parent_id.child(name).with_params(params or None)}
 
 
 class ScenarioFailed(Exception):
@@ -253,7 +229,20 @@ class ResultsCollector:
         path = Path(path) if path else self.config.rootpath / "reports" / "graph-harness-results.json"
         from harness.report.suite import finish_run
 
-        write_results(path, self.records, finish_run(self.run))
+        try:
+            if path.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "it is a directory")
+            write_results(path, self.records, finish_run(self.run))
+        except OSError as error:  # the other reports (HTML, junit) must still be written
+            reason = error.strerror or type(error).__name__
+            self.config.stash.setdefault(_report_errors_key, []).append(
+                f"graph-harness: cannot write the JSON results to {path}: {reason}")
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        for line in self.config.stash.get(_report_errors_key, []):
+            terminalreporter.write_line(line, red=True, bold=True)
 
 
 def _report_paths(config: pytest.Config) -> list[tuple[str, str | None]]:

@@ -35,6 +35,7 @@ from harness.model.parallel import ParallelContext
 from harness.ranks import run_ranks
 from harness.ops import set_native_impl
 from harness.scenario import Scenario, ScenarioPoint
+from harness.scenario.bounds import MAX_WORLD_SIZE
 from harness.scenario.limits import rank_timeout
 
 #: Outcomes, in pytest's vocabulary.
@@ -61,14 +62,27 @@ class ItemResult:
 
 
 def environment(backend: str) -> dict[str, str]:
-    engine = load(backend)
+    try:
+        engine = load(backend)
+        name, device = engine.name, engine.device_name()
+    except UnsupportedOnBackend as error:  # every item then fails with this reason
+        name, device = backend, f"unavailable: {error}"
     return {
         "harness": harness.__version__,
         "torch": str(torch.__version__),
         "python": platform.python_version(),
-        "backend": engine.name,
-        "device": engine.device_name(),
+        "backend": name,
+        "device": device,
     }
+
+
+def backend_problem(backend: str) -> str | None:
+    """Why ``backend`` cannot run here (torch_npu absent, no CUDA device), else None."""
+    try:
+        load(backend)
+    except UnsupportedOnBackend as error:
+        return str(error)
+    return None
 
 
 def unsupported_reason(scenario: Scenario) -> str | None:
@@ -183,6 +197,10 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
         result.verdict = f"unsupported by design: {scenario.expect.skip}"
         return result
     started = time.perf_counter()
+    problem = backend_problem(resolved)
+    if problem:  # one line per item, no traceback: the option is wrong for this machine
+        result.outcome, result.verdict = FAILED, f"backend unavailable: {problem}"
+        return result
     try:
         reason = unsupported_reason(scenario)
         if reason:
@@ -190,12 +208,17 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
             return result
         features = scenario_features(scenario)
         world = registry.world_size(features)
+        if world > MAX_WORLD_SIZE:  # collection refuses it; a direct caller gets this
+            raise ValueError(f"{world} ranks requested, above the maximum world size of {MAX_WORLD_SIZE}")
         if world > 1:
             result.checks, result.record, notes = _run_ranks(scenario, resolved, features)
             result.record.notes.extend(notes)
         else:
             result.record, result.checks = run_rank(scenario, resolved)
         result.outcome, result.verdict = decide(scenario.expect, result.checks)
+        if result.outcome == PASSED and not result.record.steps:
+            result.outcome = FAILED
+            result.verdict = "nothing was compared: no step ran, so no check saw any evidence"
     except UnsupportedOnBackend as error:  # a setting this backend refuses: not a finding
         result.outcome, result.verdict = SKIPPED, f"unsupported on {resolved}: {error}"
     except Exception as error:  # noqa: BLE001 - a crash is this item's result, never the suite's

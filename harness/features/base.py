@@ -40,6 +40,13 @@ __all__ = ["Feature", "FeatureSettings", "FixSwitch", "RankAxisFeature", "RankCo
            "SizeConstraint", "StepShape"]
 
 
+MAX_AXIS_RANKS = 16
+"""Ranks along one feature axis; also the maximum world size of an item (the product of the axes,
+checked at collection: harness.scenario.bounds.MAX_WORLD_SIZE)."""
+MAX_DRAFT_TOKENS = 16
+"""Speculative tokens per step (harness.scenario.bounds.MAX_SPEC_TOKENS)."""
+
+
 class FeatureSettings(BaseModel):
     """Base of every feature's settings: strict, unknown keys rejected (a typo is an error)."""
 

@@ -15,12 +15,12 @@ from typing import Any, Mapping
 
 from pydantic import Field
 
-from harness.features.base import FeatureSettings, FixSwitch, RankAxisFeature, RankContext
+from harness.features.base import MAX_AXIS_RANKS, FeatureSettings, FixSwitch, RankAxisFeature, RankContext
 from harness.graph.metadata import AttentionMetadata
 
 
 class CPSettings(FeatureSettings):
-    size: int = Field(1, ge=1, description="Context-parallel ranks the KV cache is sharded over (1: CP off).")
+    size: int = Field(1, ge=1, le=MAX_AXIS_RANKS, description="Context-parallel ranks the KV cache is sharded over (1: CP off).")
 
 
 class ContextParallel(RankAxisFeature):

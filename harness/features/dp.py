@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from harness.features.base import FeatureSettings, FixSwitch, RankAxisFeature, RankContext
+from harness.features.base import MAX_AXIS_RANKS, FeatureSettings, FixSwitch, RankAxisFeature, RankContext
 from harness.graph.shape import RunShape, StepShape
 
 
@@ -24,7 +24,7 @@ class DPDisagreement(RuntimeError):
 
 
 class DPSettings(FeatureSettings):
-    size: int = Field(1, ge=1, description="Data-parallel ranks (1: DP off).")
+    size: int = Field(1, ge=1, le=MAX_AXIS_RANKS, description="Data-parallel ranks (1: DP off).")
     batches: Literal["equal", "unequal", "idle"] = Field(
         "equal", description="equal: round robin; unequal: rank 0 takes two thirds (others idle more); "
         "idle: the last rank gets no request at all (it runs dummy batches throughout).")

@@ -16,11 +16,11 @@ from typing import Any, Mapping
 
 from pydantic import Field
 
-from harness.features.base import Feature, FeatureSettings, FixSwitch, SizeConstraint
+from harness.features.base import MAX_DRAFT_TOKENS, Feature, FeatureSettings, FixSwitch, SizeConstraint
 
 
 class MTPSettings(FeatureSettings):
-    k: int = Field(0, ge=0, description="Draft tokens per step; canonical spec-decode count.")
+    k: int = Field(0, ge=0, le=MAX_DRAFT_TOKENS, description="Draft tokens per step; canonical spec-decode count.")
 
 
 class SpeculativeDecoding(Feature):

@@ -12,11 +12,11 @@ from typing import Any
 
 from pydantic import Field
 
-from harness.features.base import FeatureSettings, FixSwitch, RankAxisFeature, SizeConstraint
+from harness.features.base import MAX_AXIS_RANKS, FeatureSettings, FixSwitch, RankAxisFeature, SizeConstraint
 
 
 class SPSettings(FeatureSettings):
-    tp: int = Field(1, ge=1, description="TP ranks the tokens are split across (1: SP off).")
+    tp: int = Field(1, ge=1, le=MAX_AXIS_RANKS, description="TP ranks the tokens are split across (1: SP off).")
 
 
 class SequenceParallel(RankAxisFeature):

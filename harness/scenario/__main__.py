@@ -1,5 +1,6 @@
 """``python -m harness.scenario [schema]``: print the JSON Schema of a scenario file.
-``python -m harness.scenario check FILE...``: validate files, list their points (exit 1 on errors).
+``python -m harness.scenario check [--mode=M[,M...]] FILE...``: validate files exactly as pytest
+collection does (schema, limits, preflight), list their items; exit 1 on errors.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ import json
 import sys
 
 from .errors import ScenarioError
-from .loader import load_scenario_file
 from .schema import export_json_schema
 
 
@@ -18,19 +18,43 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(export_json_schema(), indent=2))
         return 0
     if args[0] == "check":
-        status = 0
-        for path in args[1:]:
-            try:
-                points = load_scenario_file(path)
-            except ScenarioError as exc:
-                print(exc, file=sys.stderr)
-                status = 1
-                continue
-            for p in points:
-                print(f"{p.source}: {p.display_name} ({p.scenario.graph.mode})")
-        return status
+        return check(args[1:])
     print(__doc__, file=sys.stderr)
     return 2
+
+
+def check(args: list[str]) -> int:
+    # The command line is the top of the stack: it may use the collection the plugin uses
+    # (which needs the harness's preflight); the package itself stays free of it.
+    from harness.collection import collect_points, parse_modes
+
+    option = None
+    paths = []
+    for arg in args:
+        if arg.startswith("--mode="):
+            option = arg.partition("=")[2]
+        else:
+            paths.append(arg)
+    try:
+        modes = parse_modes(option)
+    except ValueError as error:
+        print(f"--mode: {error}", file=sys.stderr)
+        return 2
+    if not paths:
+        print(__doc__, file=sys.stderr)
+        return 2
+    status = 0
+    for path in paths:
+        try:
+            items = collect_points(path, modes)
+        except ScenarioError as exc:
+            print(exc, file=sys.stderr)
+            status = 1
+            continue
+        for suffix, p in items:
+            name = f"{p.name}[{suffix}]" if suffix else p.name
+            print(f"{p.source}: {name} ({p.scenario.graph.mode})")
+    return status
 
 
 if __name__ == "__main__":

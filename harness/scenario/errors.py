@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ScenarioError", "ScenarioFileError", "SourceLocation"]
+__all__ = ["ScenarioError", "ScenarioFileError", "SourceLocation", "shorten"]
+
+MAX_MESSAGE_CHARS = 300
+"""An error line quotes user values; a 1 MB value must not become a 1 MB error line."""
+MAX_FIELD_CHARS = 120
+
+
+def shorten(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` on one line, cut to ``limit`` characters (the cut says how much was left out)."""
+    text = " ".join(str(text).splitlines())
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 30]}... [{len(text) - limit + 30} more characters]"
 
 
 @dataclass(frozen=True)
@@ -31,8 +43,8 @@ class ScenarioError(Exception):
     ):
         self.path = path
         self.line = line
-        self.field = field
-        self.message = message
+        self.field = shorten(field, MAX_FIELD_CHARS)
+        self.message = shorten(message)
         super().__init__(str(self))
 
     def __str__(self) -> str:

@@ -14,6 +14,8 @@ import copy
 import dataclasses
 import difflib
 import itertools
+import math
+import re
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ScenarioError, ScenarioFileError, SourceLocation
+from .bounds import MAX_MATRIX_POINTS, MAX_MATRIX_WORK, MAX_NAME_CHARS
 from .schema import (
     ConsistencyError,
     Scenario,
@@ -31,6 +34,7 @@ from .schema import (
     exclude_issues,
     matrix_issues,
 )
+from .yaml_source import compose_text, read_source
 
 __all__ = [
     "ScenarioPoint",
@@ -177,6 +181,18 @@ class _Located:
 
     def __init__(self, root: yaml.Node | None):
         self.root = root
+        self._keys: dict[int, dict[str, tuple[yaml.Node, yaml.Node]]] = {}
+
+    def _lookup(self, node: yaml.MappingNode, key: str):
+        """``node``'s entry for ``key`` (the last one: PyYAML keeps it), indexed once per
+        mapping so that locating many errors stays linear."""
+        index = self._keys.get(id(node))
+        if index is None:
+            index = self._keys[id(node)] = {}
+            for k, v in node.value:
+                if isinstance(k, yaml.ScalarNode):
+                    index[k.value] = (k, v)
+        return index.get(key)
 
     def walk(self, loc: Iterable[Any], start: yaml.Node | None = None):
         """Follow ``loc`` from ``start`` (default root). Returns ``(node, key_node, matched)``:
@@ -187,10 +203,7 @@ class _Located:
         matched = 0
         for part in loc:
             if isinstance(node, yaml.MappingNode):
-                hit = None
-                for k, v in node.value:
-                    if isinstance(k, yaml.ScalarNode) and k.value == str(part):
-                        hit = (k, v)  # keep the last one: that is the value PyYAML keeps
+                hit = self._lookup(node, str(part))
                 if hit is None:
                     break
                 key_node, node = hit
@@ -215,60 +228,13 @@ class _Located:
 def locate(path: str | Path, field: str) -> int | None:
     """The line of ``field`` (dotted) in a scenario file, or of its nearest parent present."""
     try:
-        root, _ = _compose(Path(path).read_text(), str(path))
-    except Exception:  # noqa: BLE001 - a file that does not parse has reported that already
+        root = compose_text(read_source(str(path)), str(path)).root
+    except ScenarioError:  # a file that does not parse has reported that already
         return None
     tree = _Located(root)
     loc = [int(p) if p.isdigit() else p for p in field.split(".") if p]
     node, key_node, matched = tree.walk(loc)
     return tree.line_of(node, key_node, prefer_key=True)
-
-
-def _compose(text: str, path: str) -> tuple[yaml.Node | None, Any]:
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        if node is None:
-            return None, None
-        loader = yaml.SafeLoader("")
-        try:
-            data = loader.construct_document(node)
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        msg = " ".join(p for p in (exc.context, exc.problem) if p) or str(exc)
-        raise ScenarioFileError(
-            [ScenarioError(f"YAML syntax error: {msg}", path=path, line=line)]
-        ) from None
-    except yaml.YAMLError as exc:
-        raise ScenarioFileError(
-            [ScenarioError(f"YAML error: {exc}", path=path)]
-        ) from None
-    return node, data
-
-
-def _duplicate_keys(node: yaml.Node | None, loc: Loc = ()) -> list[tuple[Loc, int, str]]:
-    out: list[tuple[Loc, int, str]] = []
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[str, int] = {}
-        for k, v in node.value:
-            if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
-                if k.value in seen:
-                    out.append(
-                        (
-                            loc + (k.value,),
-                            k.start_mark.line + 1,
-                            f"duplicate key {k.value!r} (first at line {seen[k.value]})",
-                        )
-                    )
-                else:
-                    seen[k.value] = k.start_mark.line + 1
-            out.extend(_duplicate_keys(v, loc + (getattr(k, "value", "?"),)))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, v in enumerate(node.value):
-            out.extend(_duplicate_keys(v, loc + (i,)))
-    return out
 
 
 # ------------------------------------------------------------------------------- pydantic errors
@@ -338,6 +304,8 @@ def _type_at(loc: Loc, tp: Any = Scenario) -> Any:
 
 def _suggest(loc: Loc) -> str:
     """' (did you mean ...?)' for an unknown key, from the fields of the model holding it."""
+    if len(str(loc[-1])) > 64:
+        return ""
     holder = _type_at(loc[:-1])
     if not (isinstance(holder, type) and issubclass(holder, BaseModel)):
         return ""
@@ -372,12 +340,9 @@ def load_scenario_file(
     :mod:`harness.scenario.cross` for a pairwise selection); exclusions apply either way.
     Raises :class:`ScenarioFileError` listing every problem found.
     """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioFileError([ScenarioError(f"cannot read: {exc}", path=str(path))]) from None
-    return load_scenario_text(text, path=str(path), overrides=overrides, stem=p.stem, combinations=combinations)
+    text = read_source(str(path))
+    return load_scenario_text(text, path=str(path), overrides=overrides, stem=Path(path).stem,
+                              combinations=combinations)
 
 
 def load_scenario_text(
@@ -390,7 +355,8 @@ def load_scenario_text(
     """Like :func:`load_scenario_file`, from a string; ``stem`` is the default name."""
     if stem is None:
         stem = Path(path).stem if path and not path.startswith("<") else "scenario"
-    root, raw = _compose(text, path)
+    composed = compose_text(text, path)
+    root, raw = composed.root, composed.data
     tree = _Located(root)
     if raw is None:
         raise ScenarioFileError([ScenarioError("the file is empty", path=path, line=1)])
@@ -406,7 +372,7 @@ def load_scenario_text(
             ]
         )
     errors: list[ScenarioError] = []
-    for loc, line, msg in _duplicate_keys(root):
+    for loc, line, msg in composed.duplicates:
         errors.append(ScenarioError(msg, path=path, line=line, field=_fmt_loc(loc)))
 
     overrides = dict(overrides or {})
@@ -431,11 +397,17 @@ def load_scenario_text(
         part = None
     if part is not None:
         issues = [(("matrix",) + loc, msg) for loc, msg in matrix_issues(part.matrix)]
+        issues += _id_issues(part.matrix)
+        if not issues and part.matrix:
+            issues += [(("matrix",) + loc, msg) for loc, msg in _keyword_issues(part.matrix)]
         if not issues:
             issues += exclude_issues(part.matrix, part.matrix_exclude)
+        size_issue = _size_issue(part.matrix, composed.values)
+        if size_issue:
+            issues.append((("matrix",), size_issue))
         for loc, msg in issues:
             # a bad axis path / exclude key points at the key; a duplicate value at the value
-            at_key = (loc[0] == "matrix" and len(loc) == 2) or (
+            at_key = (loc[0] == "matrix" and len(loc) <= 2) or (
                 loc[0] == "matrix_exclude" and len(loc) == 3
             )
             errors.append(_located(tree, path, loc, msg, at_key))
@@ -444,13 +416,11 @@ def load_scenario_text(
         excludes = list(part.matrix_exclude)
     if not matrix_ok:
         # expand only the first value of each usable axis, to still report the other errors
+        given = raw.get("matrix")
         matrix = {
             k: v[:1]
-            for k, v in (raw.get("matrix") or {}).items()
-            if isinstance(raw.get("matrix"), dict)
-            and isinstance(v, list)
-            and v
-            and check_matrix_path(k) is None
+            for k, v in (given.items() if isinstance(given, dict) else ())
+            if isinstance(v, list) and v and check_matrix_path(k) is None
         }
         excludes = []
 
@@ -464,7 +434,8 @@ def load_scenario_text(
                 if key not in ex or ex[key] == value
             ]
 
-    base = {k: v for k, v in raw.items() if k not in _MATRIX_KEYS}
+    # keys under "x-" hold YAML anchors for merge keys (`x-base: &base {...}`, `<<: *base`)
+    base = {k: v for k, v in raw.items() if k not in _MATRIX_KEYS and not _is_extension(k)}
     if base.get("name") is None:
         base["name"] = stem
 
@@ -496,11 +467,13 @@ def load_scenario_text(
     point_index: list[int] = []
     raws: list[tuple[int, _Raw]] = []
     for n, (axes, idx) in enumerate(zip(combos, indices)):
-        data = copy.deepcopy(base)
+        if len(raws) > _MAX_RAW_ERRORS:
+            break  # enough to fix first; the rest would only repeat them
+        data = dict(base)  # copied along each axis path only: points share the rest (read-only)
         for a, v in axes.items():
-            _set_path(data, a, _strip_ids(v))
+            _set_copied(data, a, _strip_ids(v))
         for k, v in overrides.items():
-            _set_path(data, k, v)
+            _set_copied(data, k, v)
         try:
             scenario = Scenario.model_validate(data)
         except ValidationError as exc:
@@ -550,8 +523,78 @@ def load_scenario_text(
         points = [dataclasses.replace(p, id=i) for p, i in zip(points, final)]
     if errors:
         errors.sort(key=lambda e: (e.line if e.line is not None else 0))
-        raise ScenarioFileError(_dedupe(errors))
+        errors = _dedupe(errors)
+        if len(errors) > MAX_ERRORS:
+            left = len(errors) - MAX_ERRORS
+            errors = errors[:MAX_ERRORS] + [
+                ScenarioError(f"{left} more error(s) not shown: fix these first", path=path)
+            ]
+        raise ScenarioFileError(errors)
     return points
+
+
+MAX_ERRORS = 50
+"""Errors listed per file; a file with more is mostly one mistake repeated."""
+_MAX_RAW_ERRORS = 10_000
+
+
+def _set_copied(data: dict, path: str, value: Any) -> None:
+    """Set ``path`` in ``data`` like :func:`_set_path`, copying (not mutating) every mapping on
+    the way, so that ``data`` may share everything else with the file's other points."""
+    parts = _split(path)
+    cur = data
+    for part in parts[:-1]:
+        nxt = cur.get(part)
+        if nxt is None:
+            nxt = {}
+        if not isinstance(nxt, dict):
+            return
+        nxt = cur[part] = dict(nxt)
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+_ID_CHARS = re.compile(r"[A-Za-z0-9_.+]+")
+
+
+def _id_issues(matrix: Mapping[str, list[Any]] | None) -> list[tuple[Loc, str]]:
+    """Explicit ``_id`` values must be usable in a pytest id and ``-k``, and distinct per axis."""
+    issues: list[tuple[Loc, str]] = []
+    for axis, values in (matrix or {}).items():
+        seen: dict[str, int] = {}
+        for i, value in enumerate(values):
+            if not isinstance(value, dict) or "_id" not in value:
+                continue
+            given = value["_id"]
+            where = ("matrix", axis, i, "_id")
+            if not isinstance(given, str) or not _ID_CHARS.fullmatch(given) or len(given) > MAX_NAME_CHARS:
+                issues.append((where, f"_id must be 1 to {MAX_NAME_CHARS} letters, digits, '_', '.' "
+                                      f"or '+' (got {given!r})"))
+            elif given in seen:
+                issues.append((where, f"_id {given!r} is used twice on axis {axis!r} "
+                                      f"(first at {axis}[{seen[given]}])"))
+            else:
+                seen[given] = i
+    return issues
+
+
+def _size_issue(matrix: Mapping[str, list[Any]] | None, values: int) -> str | None:
+    """Refuse a matrix too large to expand before expanding it."""
+    if not matrix:
+        return None
+    lengths = [len(v) for v in matrix.values()]
+    points = math.prod(lengths)
+    shape = " x ".join(map(str, lengths))
+    if points > MAX_MATRIX_POINTS:
+        return f"the matrix has {points} points ({shape}), above the maximum of {MAX_MATRIX_POINTS}"
+    if points * values > MAX_MATRIX_WORK:
+        return (f"the matrix has {points} points ({shape}) of {values} values each: "
+                f"{points * values} values to validate, above the maximum of {MAX_MATRIX_WORK}")
+    return None
+
+
+def _is_extension(key: Any) -> bool:
+    return isinstance(key, str) and key.startswith("x-")
 
 
 def _validated_value(scenario: Scenario, axis: str, raw: Any) -> Any:
@@ -577,17 +620,48 @@ def _dedupe(errors: list[ScenarioError]) -> list[ScenarioError]:
 
 
 def _unique_ids(ids: list[str]) -> list[str]:
+    """Ids made unique by ``_1``, ``_2``, ... suffixes that collide with no other id."""
     counts: dict[str, int] = {}
     for i in ids:
         counts[i] = counts.get(i, 0) + 1
-    out, seen = [], {}
+    taken = set(ids)
+    last: dict[str, int] = {}
+    out = []
     for i in ids:
-        if counts[i] > 1:
-            seen[i] = seen.get(i, 0) + 1
-            out.append(f"{i}_{seen[i]}")
-        else:
+        if counts[i] == 1:
             out.append(i)
+            continue
+        n = last.get(i, 0) + 1
+        while f"{i}_{n}" in taken:
+            n += 1
+        last[i] = n
+        taken.add(f"{i}_{n}")
+        out.append(f"{i}_{n}")
     return out
+
+
+def _keyword_issues(matrix: Mapping[str, list[Any]]) -> list[tuple[Loc, str]]:
+    """``-k`` matches substrings: a value id inside another axis's value id (``decode`` inside
+    ``FULL_DECODE_ONLY``) would make ``-k decode`` select both. Refused, at the shorter one
+    (only names the user chose: strings and ``_id`` values)."""
+    segments = {
+        axis: [render_value(v, axis).lower() for v in values] for axis, values in matrix.items()
+    }
+    issues: list[tuple[Loc, str]] = []
+    for axis, mine in segments.items():
+        for i, seg in enumerate(mine):
+            value = matrix[axis][i]
+            if not (isinstance(value, str) or (isinstance(value, dict) and "_id" in value)):
+                continue  # numbers and flags render with their field name: not the user's choice
+            for other, theirs in segments.items():
+                hit = next((t for t in theirs if other != axis and seg in t), None)
+                if hit is not None:
+                    shown = render_value(matrix[other][theirs.index(hit)], other)
+                    issues.append(((axis, i), f"id {render_value(matrix[axis][i], axis)!r} is part "
+                                              f"of id {shown!r} of axis {other!r}, so -k would "
+                                              "select both: choose another name or _id"))
+                    break
+    return issues
 
 
 def _located(tree: _Located, path: str, loc: Loc, msg: str, at_key: bool) -> ScenarioError:

@@ -13,6 +13,7 @@ the offending field. Used from plain Python, the same error reads as one message
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
@@ -28,6 +29,7 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
+from . import bounds as L
 from harness.graph.modes import CUDAGraphMode
 from harness.names import CheckName as _CheckName
 from harness.scenario.feature_schema import build_features_model, build_fixes_model
@@ -61,7 +63,21 @@ CheckName = Literal[CHECK_NAMES]  # type: ignore[valid-type]  # one enum: harnes
 
 PosInt = Annotated[int, Field(ge=1)]
 NonNegInt = Annotated[int, Field(ge=0)]
-NonNegFloat = Annotated[float, Field(ge=0.0)]
+NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+
+
+def Pos(maximum: int) -> Any:
+    """An int in ``1..maximum`` (the bounds of docs/scenarios.md, "Limits")."""
+    return Annotated[int, Field(ge=1, le=maximum)]
+
+
+def NonNeg(maximum: int) -> Any:
+    """An int in ``0..maximum``."""
+    return Annotated[int, Field(ge=0, le=maximum)]
+
+
+Text = Annotated[str, Field(max_length=L.MAX_STRING_CHARS)]
+_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$"
 
 Loc = tuple[Union[str, int], ...]
 
@@ -101,17 +117,17 @@ class ModelSpec(_Base):
     """The decoder LM under test (built by ``harness.model``)."""
 
     kind: Literal["canary", "random"] = "canary"
-    layers: PosInt = 2
-    hidden_size: PosInt = 64
-    num_heads: PosInt = 4
-    num_kv_heads: PosInt = 2
-    head_dim: PosInt = 16
-    vocab_size: PosInt = 512
+    layers: Pos(L.MAX_LAYERS) = 2
+    hidden_size: Pos(L.MAX_HIDDEN_SIZE) = 64
+    num_heads: Pos(L.MAX_HEADS) = 4
+    num_kv_heads: Pos(L.MAX_HEADS) = 2
+    head_dim: Pos(L.MAX_HEAD_DIM) = 16
+    vocab_size: Pos(L.MAX_VOCAB_SIZE) = 512
     dtype: Literal["float32", "bfloat16"] = "float32"
-    seed: NonNegInt = 0
-    block_size: PosInt = 16
-    num_blocks: PosInt = 128
-    max_model_len: PosInt = 512
+    seed: NonNeg(L.MAX_SEED) = 0
+    block_size: Pos(L.MAX_BLOCK_SIZE) = 16
+    num_blocks: Pos(L.MAX_NUM_BLOCKS) = 128
+    max_model_len: Pos(L.MAX_MODEL_LEN) = 512
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSpec":
@@ -147,9 +163,27 @@ class ModelSpec(_Base):
                     f"{self.num_blocks * self.block_size} slots)",
                 )
             )
+        weights = self.weight_elements
+        if weights > L.MAX_WEIGHT_ELEMENTS:
+            issues.append(((), f"the model has about {weights} weights, above the maximum of "
+                               f"{L.MAX_WEIGHT_ELEMENTS}: lower layers, hidden_size, heads, "
+                               "vocab_size or max_model_len"))
+        kv = 2 * self.layers * self.num_blocks * self.block_size * self.num_kv_heads * self.head_dim
+        if kv > L.MAX_KV_ELEMENTS:
+            issues.append((("num_blocks",), f"the KV cache has {kv} elements (2 x layers x num_blocks "
+                                             f"x block_size x num_kv_heads x head_dim), above the "
+                                             f"maximum of {L.MAX_KV_ELEMENTS}"))
         if issues:
             raise ConsistencyError(issues)
         return self
+
+    @property
+    def weight_elements(self) -> int:
+        """Weights of the decoder (embeddings + per-layer attention and MLP), an estimate that is
+        exact enough to bound memory."""
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_layer = 2 * h * q + 2 * h * kv + 3 * h * 2 * h
+        return (2 * self.vocab_size + self.max_model_len) * h + self.layers * per_layer
 
 
 # ------------------------------------------------------------------------------------------ graph
@@ -159,20 +193,20 @@ class GraphSpec(_Base):
     """Graph-mode configuration (vLLM ``CompilationConfig`` / vLLM Ascend equivalents)."""
 
     mode: GraphMode = "FULL"
-    capture_sizes: list[PosInt] | None = Field(
+    capture_sizes: Annotated[list[Pos(L.MAX_CAPTURE_SIZE)], Field(max_length=L.MAX_CAPTURE_SIZES)] | None = Field(
         default=None,
         description="Explicit capture sizes (deduplicated and sorted on load); "
         "null = the platform default rule.",
     )
-    max_num_seqs: PosInt = 8
-    num_speculative_tokens: NonNegInt = Field(
+    max_num_seqs: Pos(L.MAX_NUM_SEQS) = 8
+    num_speculative_tokens: NonNeg(L.MAX_SPEC_TOKENS) = Field(
         default=0, description="Kept equal to features.mtp.k (either may be given)."
     )
     platform: Literal["npu", "gpu"] = "npu"
-    max_capture_size: PosInt | None = Field(
+    max_capture_size: Pos(L.MAX_CAPTURE_SIZE) | None = Field(
         default=None, description="User max capture size; null = the platform default max."
     )
-    warmup_runs: NonNegInt = 1
+    warmup_runs: NonNeg(L.MAX_WARMUP_RUNS) = 1
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -215,10 +249,11 @@ class GraphSpec(_Base):
 
 
 class RequestSpec(_Base):
-    prompt_len: PosInt
-    output_len: PosInt
-    arrival_step: NonNegInt = 0
-    repeat: PosInt = Field(default=1, description="That many identical requests.")
+    prompt_len: Pos(L.MAX_TOKENS)
+    output_len: Pos(L.MAX_TOKENS)
+    arrival_step: NonNeg(L.MAX_STEPS) = Field(
+        default=0, description="The step the request arrives at; must be below `steps`.")
+    repeat: Pos(L.MAX_REQUESTS) = Field(default=1, description="That many identical requests.")
 
 
 def _check_req(v: Any) -> Union[str, int]:
@@ -236,16 +271,19 @@ ReqName = Annotated[
 
 class StepEntry(_Base):
     req: ReqName = Field(description="Request name or number.")
-    new_tokens: PosInt
+    new_tokens: Pos(L.MAX_TOKENS)
 
 
 class Workload(_Base):
     """Either ``requests`` (scheduled by the harness) or ``steps`` (explicit per-step batches)."""
 
-    requests: list[RequestSpec] | None = None
-    steps: list[Annotated[list[StepEntry], Field(min_length=1)]] | None = None
-    max_num_batched_tokens: PosInt = 512
-    prompt_seed: NonNegInt = 0
+    requests: Annotated[list[RequestSpec], Field(max_length=L.MAX_REQUESTS)] | None = None
+    steps: Annotated[
+        list[Annotated[list[StepEntry], Field(min_length=1, max_length=L.MAX_REQUESTS)]],
+        Field(max_length=L.MAX_STEPS),
+    ] | None = None
+    max_num_batched_tokens: Pos(L.MAX_TOKENS) = 512
+    prompt_seed: NonNeg(L.MAX_SEED) = 0
 
     @model_validator(mode="after")
     def _consistent(self) -> "Workload":
@@ -258,6 +296,10 @@ class Workload(_Base):
             val = getattr(self, key)
             if val is not None and not val:
                 issues.append(((key,), f"'{key}' is an empty list"))
+        total = sum(r.repeat for r in self.requests or [])
+        if total > L.MAX_REQUESTS:
+            issues.append((("requests",), f"{total} requests (each repeat counted), above the maximum "
+                                          f"of {L.MAX_REQUESTS}"))
         for i, step in enumerate(self.steps or []):
             seen: set[str] = set()
             tokens = 0
@@ -296,8 +338,8 @@ class Tolerance(_Base):
 
 
 class EngineSpec(_Base):
-    stream_pool: PosInt = 2048
-    streams_per_graph: PosInt = 1
+    stream_pool: Pos(L.MAX_STREAM_POOL) = 2048
+    streams_per_graph: Pos(L.MAX_STREAMS_PER_GRAPH) = 1
     budget_policy: Literal["legacy", "none"] = "none"
     hccl_mode: Literal["AIV", "default"] = "default"
 
@@ -306,8 +348,8 @@ class Expect(_Base):
     """Expected outcome. YAML: ``pass`` | ``{fail: [checks], reason: ...}`` | ``{skip: reason}``."""
 
     fail: list[CheckName] | None = None
-    skip: str | None = None
-    reason: str = ""
+    skip: Text | None = None
+    reason: Text = ""
 
     @model_validator(mode="before")
     @classmethod
@@ -458,8 +500,10 @@ def exclude_issues(
 class Scenario(_Base):
     """One scenario file (before matrix expansion) or one matrix point (after)."""
 
-    name: str | None = Field(None, description="Default: the file stem.")
-    description: str = ""
+    name: Annotated[str, Field(json_schema_extra={"pattern": _NAME})] | None = Field(
+        None, description="Default: the file stem. Letters, digits, '_', '.', '+', '-' (a pytest "
+        "item name: no spaces, brackets or line breaks).")
+    description: Text = ""
     model: ModelSpec = Field(default_factory=ModelSpec)
     graph: GraphSpec = Field(default_factory=GraphSpec)
     workload: Workload
@@ -469,7 +513,7 @@ class Scenario(_Base):
     tolerance: Tolerance | None = Field(
         None, description="null = the backend default (bitwise on the emulator)."
     )
-    steps: PosInt = Field(16, description="Maximum decode steps to run.")
+    steps: Pos(L.MAX_STEPS) = Field(16, description="Maximum decode steps to run.")
     engine: EngineSpec = Field(default_factory=EngineSpec)
     expect: Expect = Field(default_factory=Expect)
     matrix: dict[str, Annotated[list[Any], Field(min_length=1)]] | None = Field(
@@ -485,10 +529,22 @@ class Scenario(_Base):
         description="Which matrix points run by default: every one, or a pairwise covering "
         "array (every pair of axis values in some item); --matrix=full runs every point.",
     )
-    timeout_s: Annotated[float, Field(gt=0)] | None = Field(
+    timeout_s: Annotated[float, Field(gt=0, le=L.MAX_ITEM_TIMEOUT_S, allow_inf_nan=False)] | None = Field(
         None, description="Wall-clock limit of each item in seconds; null = the harness default."
     )
     slow: bool = Field(False, description="A long-running kind: its items carry the 'slow' marker.")
+
+    @field_validator("name")
+    @classmethod
+    def _item_name(cls, v: str | None) -> str | None:
+        # The name is a pytest item name: node ids, -k and --lf must parse it back unchanged.
+        if v is not None and (len(v) > L.MAX_NAME_CHARS or not re.fullmatch(_NAME, v)):
+            shown = v if len(v) <= 40 else v[:40] + "..."
+            raise ValueError(
+                f"a name is 1 to {L.MAX_NAME_CHARS} letters, digits, '_', '.', '+' or '-', "
+                f"starting with a letter, digit or '_' (no spaces, brackets or line breaks); got {shown!r}"
+            )
+        return v
 
     @field_validator("matrix")
     @classmethod
@@ -525,6 +581,14 @@ class Scenario(_Base):
             self.graph.num_speculative_tokens = k
         max_len = self.model.max_model_len
         for i, r in enumerate(self.workload.requests or []):
+            if r.arrival_step >= self.steps:
+                issues.append(
+                    (
+                        ("workload", "requests", i, "arrival_step"),
+                        f"the request arrives at step {r.arrival_step}, after the last step "
+                        f"(steps is {self.steps}): it would never run",
+                    )
+                )
             if r.prompt_len + r.output_len > max_len:
                 issues.append(
                     (
@@ -533,6 +597,14 @@ class Scenario(_Base):
                         f"{r.prompt_len + r.output_len} exceeds model.max_model_len {max_len}",
                     )
                 )
+        if self.workload.steps and len(self.workload.steps) > self.steps:
+            issues.append(
+                (
+                    ("workload", "steps"),
+                    f"{len(self.workload.steps)} explicit steps, but steps is {self.steps}: the "
+                    "later ones would never run",
+                )
+            )
         if self.workload.steps:
             totals: dict[str, int] = {}
             for step in self.workload.steps:

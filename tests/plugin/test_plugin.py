@@ -122,8 +122,12 @@ def test_html_report_embeds_the_item_explanation(project):
 
 def test_xdist_workers_send_their_records_to_the_controller(project):
     _write(project, "scenarios/a.yaml", GOOD.format(mode="", extra="matrix:\n  graph.mode: [FULL, PIECEWISE, NONE]"))
-    result = project.runpytest("-p", "no:cacheprovider", "-n", "2", "--results-json=r.json")
+    result = project.runpytest("-p", "no:cacheprovider", "-n", "2", "--results-json=r.json",
+                               "--html=r.html", "--self-contained-html")  # pytest-metadata's table too
     result.assert_outcomes(passed=3)
+    out = result.stdout.str() + result.stderr.str()
+    for crash in ("DumpError", "crashed", "Traceback", "INTERNALERROR", "replacing crashed worker"):
+        assert crash not in out, out[-3000:]
     assert len(json.loads((project.path / "r.json").read_text())["items"]) == 3
 
 

@@ -525,3 +525,63 @@ def test_docs_example_loads():
     assert [p.display_name for p in points] == [
         "fia_mixed_batch[tp1-k0]", "fia_mixed_batch[tp1-k1]", "fia_mixed_batch[tp2-k0]"]
     assert points[0].scenario.expect.failing_checks == {"fia_invariant"}
+
+
+# ------------------------------------------------------------------- YAML features that are valid
+
+
+def test_merge_keys_and_extension_anchors_load(tmp_path):
+    p = write(tmp_path, """\
+        x-model: &model {kind: random, layers: 3, seed: 7}
+        x-request: &request {prompt_len: 2, output_len: 3}
+        model:
+          <<: *model
+          seed: 9                    # a local key wins over the merged one
+        workload:
+          requests:
+            - *request
+            - {<<: *request, arrival_step: 1}
+        matrix:
+          graph:
+            - &full {_id: full, mode: FULL}
+            - {<<: *full, _id: full_seqs4, max_num_seqs: 4}
+        """)
+    points = load_scenario_file(p)
+    assert [pt.id for pt in points] == ["full", "full_seqs4"]
+    model = points[0].scenario.model
+    assert (model.kind, model.layers, model.seed) == ("random", 3, 9)
+    requests = points[0].scenario.workload.requests
+    assert [(r.prompt_len, r.arrival_step) for r in requests] == [(2, 0), (2, 1)]
+    assert points[1].scenario.graph.max_num_seqs == 4 and points[1].scenario.graph.mode == "FULL"
+
+
+def test_an_anchor_used_many_times_is_checked_once(tmp_path):
+    # the duplicate key is inside the anchored mapping: one error, at its own line
+    errs = errors_of(tmp_path, """\
+        x-r: &r {prompt_len: 2, output_len: 2, output_len: 3}
+        workload:
+          requests: [*r, *r, *r, *r]
+        """)
+    assert [(e.line, e.field) for e in errs] == [(1, "x-r.output_len")]
+
+
+def test_rendered_ids_are_made_unique_without_collisions(tmp_path):
+    # "a b" and "a_b" both render as a_b; a third value already is a_b_1
+    p = write(tmp_path, MINIMAL + 'matrix:\n  description: ["a b", "a_b", "a_b_1"]\n')
+    ids = [pt.id for pt in load_scenario_file(p)]
+    assert len(set(ids)) == 3 and "a_b_1" in ids, ids
+
+
+def test_an_error_line_quotes_a_huge_value_only_in_part(tmp_path):
+    err = only(errors_of(tmp_path, MINIMAL + "model: {kind: " + "z" * 200_000 + "}\n"))
+    assert err.field == "model.kind" and len(str(err)) < 400 and "more characters]" in err.message
+
+
+def test_the_id_of_a_matrix_value_is_not_part_of_another_axis_value(tmp_path):
+    err = only(errors_of(tmp_path, MINIMAL + textwrap.dedent("""\
+        matrix:
+          graph.mode: [FULL_DECODE_ONLY]
+          workload:
+            - {_id: decode, requests: [{prompt_len: 1, output_len: 1}]}
+        """)))
+    assert err.field == "matrix.workload[0]" and "-k would select both" in err.message

@@ -81,3 +81,17 @@ def test_a_failing_rank_fails_only_its_item_with_its_log(monkeypatch):
     assert result.outcome == FAILED and result.failed_checks == ["execution"]
     assert "rank 1 timeout" in result.verdict
     assert "rank 1 entered all_reduce" in result.checks["execution"].details["ranks"]
+
+
+def test_an_item_that_compared_nothing_does_not_pass():
+    # Validation refuses a request arriving after the last step; built past validation here,
+    # the run executes no step, and "all checks passed" would be a pass with no evidence.
+    import dataclasses
+
+    (point,) = load_scenario_text(SCENARIO.replace("steps: 6", "steps: 6\nexpect: pass"))
+    late = point.scenario.workload.model_copy(update={"requests": [
+        point.scenario.workload.requests[0].model_copy(update={"arrival_step": 5})]})
+    scenario = point.scenario.model_copy(update={"steps": 2, "workload": late})
+    result = run_point(dataclasses.replace(point, scenario=scenario), backend="emulated")
+    assert not result.record.steps
+    assert result.outcome == FAILED and result.verdict.startswith("nothing was compared")
