@@ -26,7 +26,7 @@ import jinja2
 import yaml
 
 from harness.report import charts
-from harness.report.view import (EXPLAINED, FAIL, NOT_EVALUATED, check_states, feature_label, first_failure,
+from harness.report.view import (EXPLAINED, FAIL, check_states, feature_label, first_failure,
                                  fixes_off, item_mode)
 
 __all__ = ["render_item", "render_page", "render_fragments", "row_values", "item_key", "fixes_sentence",
