@@ -131,7 +131,9 @@ def diff_results(baseline: dict[str, Any], current: dict[str, Any], *,
     before, after = reduce_items(baseline), reduce_items(current)
     result = RunDiff(_origin(baseline_path, baseline), _origin(current_path, current))
     # The verdict text is explanation, not state: it is reported, never compared.
-    comparable = {"exclude_regex_paths": [r"root\[.+?\]\['verdict'\]"]}
+    # threshold_to_diff_deeper=0: DeepDiff >= 8 otherwise reports two dicts sharing under a third
+    # of their keys (a baseline whose ids changed) as one root change, with no item in it.
+    comparable = {"exclude_regex_paths": [r"root\[.+?\]\['verdict'\]"], "threshold_to_diff_deeper": 0}
     tree = DeepDiff(before, after, view="tree", **comparable)
     outcome_changed: set[str] = set()
     checks_changed: set[str] = set()

@@ -20,7 +20,7 @@ import json
 import re
 from dataclasses import asdict
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from harness.graph.record import RunRecord
@@ -162,8 +162,14 @@ def item_key(record: dict[str, Any]) -> str:
 
 
 def _v1_nodeid(record: dict[str, Any]) -> str:
-    """Schema 1 records had no node id: rebuild it from the source file, name and id."""
+    """Schema 1 records had no node id: rebuild it from the source file, name and id.
+
+    Their source was an absolute path; node ids start at the root, whose scenario library is
+    the ``scenarios/`` folder, so the path is cut back to it (two checkouts then agree)."""
     path = str(record.get("source") or "").rpartition(":")[0] or str(record.get("source") or "")
+    parts = PurePath(path).parts
+    if PurePath(path).is_absolute() and "scenarios" in parts:
+        path = "/".join(parts[parts.index("scenarios"):])
     name = record.get("name") or ""
     return f"{path}::{name}[{record['id']}]" if record.get("id") else f"{path}::{name}"
 

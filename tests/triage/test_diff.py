@@ -88,6 +88,24 @@ def test_schema_1_files_are_read_with_keys_rebuilt(tmp_path):
     assert not diff.added and not diff.removed
 
 
+def test_schema_1_absolute_sources_match_the_root_relative_node_ids():
+    old = {"schema": 1, "items": [
+        {"name": "x", "id": "FULL", "source": "/ci/checkout/scenarios/x.yaml:3", "outcome": "passed",
+         "failed_checks": [], "verdict": "ok", "run": {"mode": "FULL"}}]}
+    diff = diff_results(old, _results(_item("scenarios/x.yaml::x[FULL]")))
+    assert not diff.added and not diff.removed
+
+
+def test_runs_that_share_few_items_list_each_added_and_removed_item():
+    # DeepDiff >= 8 reports dicts sharing under a third of their keys as one root change by
+    # default; the diff must still name every item (regression: an IndexError on that path).
+    base = _results(_item("a.yaml::a[FULL]"), *(_item(f"old.yaml::o[{i}-FULL]") for i in range(5)))
+    current = _results(_item("a.yaml::a[FULL]"), *(_item(f"new.yaml::n[{i}-FULL]", "failed", ("equality",))
+                                                   for i in range(5)))
+    diff = diff_results(base, current)
+    assert len(diff.added) == 5 and len(diff.removed) == 5 and len(diff.new_failures) == 5
+
+
 @pytest.mark.parametrize("content, message", [
     (None, "cannot read"),
     ("{not json", "not JSON"),
