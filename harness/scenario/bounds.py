@@ -12,7 +12,8 @@ each) and are documented in docs/scenarios.md, section "Limits".
 from __future__ import annotations
 
 # The feature settings (owned by harness.features) carry these two bounds themselves.
-from harness.features.base import MAX_AXIS_RANKS, MAX_DRAFT_TOKENS
+from harness import ranks
+from harness.features.base import MAX_DRAFT_TOKENS
 
 # -- the file itself (checked before and while parsing the YAML) --------------------------------
 MAX_FILE_BYTES = 1024 * 1024
@@ -67,7 +68,7 @@ MAX_TOKENS = 65_536
 """Prompt, output and per-step token counts, ``max_num_batched_tokens``."""
 
 # -- ranks and engine resources -----------------------------------------------------------------
-MAX_WORLD_SIZE = MAX_AXIS_RANKS
+MAX_WORLD_SIZE = ranks.MAX_WORLD_SIZE
 """Processes of one multi-rank item: the product of every feature's rank axis (dp x tp x cp)."""
 MAX_STREAM_POOL = 65_536
 MAX_STREAMS_PER_GRAPH = 64
