@@ -26,6 +26,7 @@ from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, locate
 SCENARIO_DIR = "scenarios"
 _results_key = pytest.StashKey[list]()
 _report_errors_key = pytest.StashKey[list]()
+DEFAULT_RESULTS_JSON = os.path.join("reports", "graph-harness-results.json")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,7 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--fia-contract", default=None, choices=("strict", "relaxed"),
                     help="override every scenario's FIA host contract")
     group.addoption("--results-json", default=None, metavar="PATH",
-                    help="JSON results file (default reports/graph-harness-results.json when scenarios run)")
+                    help=f"JSON results file (default {DEFAULT_RESULTS_JSON} when scenarios run)")
     pytest_matrix.add_options(group)
 
 
@@ -226,7 +227,7 @@ class ResultsCollector:
         path = self.config.getoption("--results-json")
         if path is None and not self.records:
             return
-        path = Path(path) if path else self.config.rootpath / "reports" / "graph-harness-results.json"
+        path = Path(path) if path else self.config.rootpath / DEFAULT_RESULTS_JSON
         from harness.report.suite import finish_run
 
         try:
@@ -247,7 +248,7 @@ class ResultsCollector:
 
 def _report_paths(config: pytest.Config) -> list[tuple[str, str | None]]:
     """Where this run writes its HTML and JSON reports (as given, relative to the invocation)."""
-    json_path = config.getoption("--results-json") or os.path.join("reports", "graph-harness-results.json")
+    json_path = config.getoption("--results-json") or DEFAULT_RESULTS_JSON
     return [("HTML", getattr(config.option, "htmlpath", None)), ("JSON", json_path)]
 
 
