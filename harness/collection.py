@@ -12,6 +12,7 @@ package stays pure and imports it only from its command line.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +91,19 @@ def preflight_point(path: str | Path, point: ScenarioPoint) -> None:
         if world > MAX_WORLD_SIZE:
             problem = ("features", f"the features need {world} ranks (one process each), above the "
                                    f"maximum world size of {MAX_WORLD_SIZE}")
+        problem = problem or _dispatch_rank_problem(scenario, world)
     if problem:
         field, message = problem
         where = f" [matrix point {point.id}]" if point.id else ""
         raise ScenarioError(message + where, path=str(path),
-                            line=locate(path, field) or point.source.line, field=field)
+                            line=locate(path, re.sub(r"\[(\d+)\]", r".\1", field)) or point.source.line,
+                            field=field)
+
+
+def _dispatch_rank_problem(scenario: Any, world: int) -> tuple[str, str] | None:
+    """A dispatch row about a rank the item does not have: it could never be checked."""
+    for i, row in enumerate(scenario.expect.dispatch or ()):
+        if row.rank is not None and row.rank >= world:
+            return (f"expect.dispatch[{i}].rank",
+                    f"rank {row.rank} does not exist: this item has {world} rank(s) (0..{world - 1})")
+    return None

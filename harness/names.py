@@ -18,4 +18,5 @@ class CheckName(enum.StrEnum):
     EQUALITY = "equality"
     STALE_PARAMS = "stale_params"
     STREAM_BUDGET = "stream_budget"
+    DISPATCH = "dispatch"  # the scenario's dispatch table (expect.dispatch) against the steps the run chose
     EXECUTION = "execution"  # a path raised something no check explains: a harness or pipeline crash

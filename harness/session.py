@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 import harness
-from harness.checks import CHECKS, EXECUTION, CheckResult, run_checks
+from harness.checks import CHECKS, EXECUTION, CheckName, CheckResult, run_checks
+from harness.checks.dispatch_table import check_dispatch_table, summarize_mismatches
 from harness.engine import StreamConfig, UnsupportedOnBackend, load, resolve
 from harness import features as registry
 from harness.features import Feature, active_features
@@ -163,7 +164,8 @@ def decide(expect, checks: dict[str, CheckResult]) -> tuple[str, str]:
     failed = {name for name, r in checks.items() if not r.passed}
     if expect.outcome == "pass":
         if not failed:
-            return PASSED, "all four checks passed"
+            table = " and the dispatch table matched" if CheckName.DISPATCH in checks else ""
+            return PASSED, "all four checks passed" + table
         return FAILED, "; ".join(f"{name}: {checks[name].summary}" for name in _ordered(failed))
     wanted = set(expect.failing_checks)
     if failed == wanted:
@@ -181,7 +183,7 @@ def decide(expect, checks: dict[str, CheckResult]) -> tuple[str, str]:
 
 
 def _ordered(names) -> list[str]:
-    order = (*CHECKS, EXECUTION)
+    order = (*CHECKS, CheckName.DISPATCH, EXECUTION)
     return sorted(names, key=order.index)
 
 
@@ -215,6 +217,7 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
             result.record.notes.extend(notes)
         else:
             result.record, result.checks = run_rank(scenario, resolved)
+        _locate_rows(result.checks.get(CheckName.DISPATCH), point)
         result.outcome, result.verdict = decide(scenario.expect, result.checks)
         if result.outcome == PASSED and not result.record.steps:
             result.outcome = FAILED
@@ -228,6 +231,23 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
     finally:
         result.duration = time.perf_counter() - started
     return result
+
+
+def _locate_rows(check: CheckResult | None, point: ScenarioPoint) -> None:
+    """Name the file line of each mismatching dispatch row (``expect.dispatch[2] (line 31)``)."""
+    if check is None or check.passed:
+        return
+    from harness.scenario import locate
+
+    lines: dict[int, int | None] = {}
+    for entry in check.details.get("table_mismatches", []):
+        i = entry["row"]
+        if i not in lines:
+            lines[i] = locate(point.source.path, f"expect.dispatch.{i}") if point.source.path else None
+        if lines[i]:
+            entry["line"] = lines[i]
+            entry["text"] = entry["text"].replace(f"expect.dispatch[{i}]:", f"expect.dispatch[{i}] (line {lines[i]}):", 1)
+    check.summary = summarize_mismatches(check.details["table_mismatches"])
 
 
 def preflight(scenario: Scenario) -> tuple[str, str] | None:
@@ -254,8 +274,11 @@ def world_size(scenario: Scenario) -> int:
     return registry.world_size(scenario_features(scenario))
 
 
-def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK) -> tuple[RunRecord, dict[str, CheckResult]]:
-    """One rank's whole job: build, run the pipeline, check."""
+def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK,
+             rows: list[dict[str, Any]] | None = None) -> tuple[RunRecord, dict[str, CheckResult]]:
+    """One rank's whole job: build, run the pipeline, check (``rows``: the dispatch table, taken
+    from ``scenario`` when not given; a rank gets it as data, since the rows pin what they name
+    and a scenario rebuilt from JSON no longer knows which fields its file named)."""
     spec, sizes, budget = build_spec(scenario, ctx)
     engine = load(backend)
     if engine.capabilities.native_attention is not None:
@@ -270,7 +293,16 @@ def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK) -
     tolerance = (scenario.tolerance.atol, scenario.tolerance.rtol) if scenario.tolerance else None
     checks = run_checks(record, contract=scenario.fia_contract, dtype=scenario.model.dtype,
                         bitwise_replay=engine.capabilities.bitwise_replay, tolerance=tolerance)
+    rows = dispatch_rows(scenario) if rows is None else rows
+    if rows:
+        checks[CheckName.DISPATCH] = check_dispatch_table(record, rows, rank=ctx.rank, mode=scenario.graph.mode)
     return record, checks
+
+
+def dispatch_rows(scenario: Scenario) -> list[dict[str, Any]]:
+    """The scenario's dispatch table as plain rows for :func:`check_dispatch_table`."""
+    return [{**row.pinned(), "step": row.step, "rank": row.rank, "for_mode": row.for_mode, "index": i}
+            for i, row in enumerate(scenario.expect.dispatch or ())]
 
 
 def _rank_model(ctx: RankContext):
@@ -288,7 +320,8 @@ def _rank_model(ctx: RankContext):
 # -- multi-rank ---------------------------------------------------------------------------------
 def _run_ranks(scenario: Scenario, backend: str, features: list[Feature]) -> tuple[dict[str, CheckResult], RunRecord, list[str]]:
     world = registry.world_size(features)
-    outcome = run_ranks(_rank_job, world, args=(scenario.model_dump(mode="json"), backend),
+    outcome = run_ranks(_rank_job, world,
+                        args=(scenario.model_dump(mode="json"), backend, dispatch_rows(scenario)),
                         timeout=rank_timeout(scenario))
     layout = describe(axis_sizes(features))
     if not outcome.ok:
@@ -317,10 +350,10 @@ def _run_ranks(scenario: Scenario, backend: str, features: list[Feature]) -> tup
     return merged, per_rank[shown][0], [layout, f"the run evidence shown is rank {shown}'s"]
 
 
-def _rank_job(rank: int, world: int, scenario_json: dict, backend: str):
+def _rank_job(rank: int, world: int, scenario_json: dict, backend: str, rows: list[dict[str, Any]] | None = None):
     scenario = Scenario.model_validate(scenario_json)
     ctx = rank_context(scenario_features(scenario), rank, world)
-    record, checks = run_rank(scenario, backend, ctx)
+    record, checks = run_rank(scenario, backend, ctx, rows or [])
     for step in record.steps:
         step.logits = {}  # tensors stay on the rank: the checks have read them
     return record, checks

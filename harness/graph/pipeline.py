@@ -199,7 +199,7 @@ class Stepper:
                 continue
             progressed = True
             if name == "graph" or rec is None:
-                rec = self._record(step, plan, rec)
+                rec = self._record(step, plan, rec, path.batcher.index)
             try:
                 self._execute(name, path, step, plan, rec)
             except Exception as error:  # noqa: BLE001 - recorded; the other paths go on
@@ -215,15 +215,18 @@ class Stepper:
             return self.planners["graph"].reference(step)
         return self.planners[name].plan(step)
 
-    def _record(self, step: Step | None, plan: StepPlan, previous: StepRecord | None) -> StepRecord:
+    def _record(self, step: Step | None, plan: StepPlan, previous: StepRecord | None, index: int) -> StepRecord:
+        """The step's record; ``index`` is the path's step count (an idle DP rank has no step of
+        its own, but it runs the same step as its busy peers)."""
         meta, padded = plan.meta, plan.padded
-        index = step.index if step else (previous.step if previous else -1)
+        index = step.index if step else (previous.step if previous else index)
         requests = [(r.req_id, r.num_computed_tokens, r.num_new_tokens) for r in step.requests] if step else []
         rec = StepRecord(
             step=index, requests=requests, num_tokens=meta.num_actual_tokens, uniform_decode=plan.uniform,
             runtime_mode=str(plan.runtime_mode), num_tokens_padded=plan.num_tokens_padded,
             num_reqs=meta.num_reqs, num_reqs_padded=padded.num_reqs_padded, padding_source=padded.padding_source,
-            dispatch_reason=plan.dispatch_reason, ledger=plan.ledger.to_dict(), metadata=_host_lists(padded),
+            dispatch_reason=plan.dispatch_reason, ledger=plan.ledger.to_dict(), descriptor=_descriptor(plan),
+            metadata=_host_lists(padded),
             reference_metadata=_host_lists(meta),
         )
         if previous is not None:  # keep what the reference path already put there
@@ -306,6 +309,12 @@ def accept(step: Step, meta: AttentionMetadata, logits: torch.Tensor, tokens: di
             advanced[req.req_id], generated[req.req_id] = req.num_new_tokens, 1
         firsts.append(int(rows[-1] if not proposal else rows[0]))
     return advanced, generated, firsts
+
+
+def _descriptor(plan: StepPlan) -> dict[str, Any] | None:
+    key = plan.decision.batch_descriptor if plan.decision else None
+    return None if key is None else {"num_tokens": key.num_tokens, "num_reqs": key.num_reqs,
+                                     "uniform_decode": key.uniform_decode}
 
 
 def _host_lists(meta: AttentionMetadata) -> dict[str, Any]:

@@ -71,6 +71,7 @@ class StepRecord:
     padding_source: str
     dispatch_reason: str
     ledger: dict[str, int] = field(default_factory=dict)  # what each feature added to T
+    descriptor: dict[str, Any] | None = None  # the key of the graph replayed (None: eager)
     metadata: dict[str, Any] = field(default_factory=dict)  # the graph path's host lists
     reference_metadata: dict[str, Any] = field(default_factory=dict)  # the unpadded host lists
     sampled: dict[str, list[int]] = field(default_factory=dict)  # path -> token per request

@@ -19,7 +19,7 @@ __all__ = ["CheckState", "FirstFailure", "check_states", "feature_label", "first
            "fixes_off", "item_mode", "CHECK_ORDER", "PASS", "FAIL", "NOT_EVALUATED", "EXPLAINED"]
 
 #: Root-cause order of the checks, the order :func:`harness.checks.run_checks` reports them in.
-CHECK_ORDER = ("fia_invariant", "stale_params", "stream_budget", "equality", "execution")
+CHECK_ORDER = ("fia_invariant", "stale_params", "stream_budget", "equality", "dispatch", "execution")
 
 PASS, FAIL, NOT_EVALUATED, EXPLAINED = "pass", "fail", "not-evaluated", "explained"
 
