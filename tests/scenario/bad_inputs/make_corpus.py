@@ -165,6 +165,26 @@ case("classic_unknown_feature", "features: {warp: {speed: 9}}\n" + W, "an unknow
 case("classic_kv_cache_too_small", "model: {max_model_len: 512, num_blocks: 4, block_size: 16}\n" + W, "max_model_len above the KV cache")
 case("classic_empty_requests", "workload:\n  requests: []\n", "an empty request list")
 
+# --- F. dispatch tables (expect.dispatch)
+D = "graph: {mode: FULL, capture_sizes: [1, 2, 4, 8]}\n" + W + "expect:\n  dispatch:\n"
+case("dispatch_empty", W + "expect:\n  dispatch: []\n", "an empty dispatch table")
+case("dispatch_pins_nothing", D + "    - {step: 0}\n", "a row that pins nothing")
+case("dispatch_no_step", D + "    - {mode: FULL}\n", "a row without its step")
+case("dispatch_unknown_field", D + "    - {step: 0, bukket: 8}\n", "a typo in a row's field")
+case("dispatch_bad_runtime_mode", D + "    - {step: 0, mode: FULL_DECODE_ONLY}\n", "a configured mode where a runtime mode goes")
+case("dispatch_bad_for_mode", D + "    - {step: 0, for_mode: FAST, mode: FULL}\n", "an unknown for_mode")
+case("dispatch_negative_step", D + "    - {step: -1, mode: FULL}\n", "a negative step")
+case("dispatch_string_bucket", D + "    - {step: 0, bucket: '8'}\n", "a string where the bucket goes")
+case("dispatch_row_twice", D + "    - {step: 0, mode: FULL}\n    - {step: 0, bucket: 8}\n", "the same step pinned twice")
+case("dispatch_none_with_descriptor", D + "    - {step: 0, mode: NONE, descriptor: {num_tokens: 8}}\n", "an eager step with a graph key")
+case("dispatch_descriptor_unknown_key", D + "    - {step: 0, descriptor: {tokens: 8}}\n", "a typo in a descriptor")
+case("dispatch_metadata_empty", D + "    - {step: 0, metadata: {}}\n", "empty metadata")
+case("dispatch_metadata_unknown_list", D + "    - {step: 0, metadata: {seq_lens: [3]}}\n", "a host list the record does not keep")
+case("dispatch_metadata_not_a_list", D + "    - {step: 0, metadata: {slot_mapping: 5}}\n", "a host list that is not a list")
+case("dispatch_with_skip", W + "expect:\n  skip: not modelled\n  dispatch:\n    - {step: 0, mode: FULL}\n", "a table on a skipped item")
+case("dispatch_fail_without_table", W + "expect:\n  fail: [dispatch]\n", "dispatch expected to fail with no table")
+case("dispatch_rank_out_of_range", "features: {dp: {size: 2}}\n" + D + "    - {step: 0, rank: 2, mode: FULL}\n", "a rank the item does not have (preflight)")
+
 for i, (name, body) in enumerate(sorted(cases.items())):
     with open(os.path.join(out, f"{name}.yaml"), "wb") as f:
         f.write(body)
