@@ -1,7 +1,8 @@
 """The mutation run: inject each bug of ``benchmarks/mutants.py`` alone, and see what catches it.
 
 Every mutant is applied to a throwaway copy of the tree (``harness/``, ``scenarios/``,
-``tests/``, ``conftest.py``, ``pyproject.toml``; the working tree is never touched), then the
+``tests/``, ``benchmarks/``, ``conftest.py``, ``pyproject.toml``; the working tree is never
+touched), then the
 kill commands run there, cheapest first, each stopping at its first failure (``-x``):
 
 1. import: ``import harness.session, harness.pytest_plugin``; a mutant that does not import
@@ -9,7 +10,8 @@ kill commands run there, cheapest first, each stopping at its first failure (``-
 2. probe: the mutant's own probe (a few scenario files or one unit-test module, no xdist);
 3. scenarios: the whole shipped library as ``make test`` runs it (``pytest scenarios/ -n 2``,
    every mode of every file, the pairwise cross product);
-4. tests: the whole unit suite (``pytest tests -n 2``).
+4. tests: the whole unit suite (``pytest tests -n 2``), less ``tests/benchmarks/test_mutants.py``,
+   which checks that every snippet is in the unpatched source and so fails on any patched copy.
 
 A kill by the probe is a kill by the library or the unit suite (the probe is a part of one of
 them), so the probe only saves time; a mutant the probe misses runs stages 3 and 4 in full
@@ -41,12 +43,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from mutants import MUTANTS, RULES, Mutant  # noqa: E402
 
-COPIED = ("harness", "scenarios", "tests", "conftest.py", "pyproject.toml")
+COPIED = ("harness", "scenarios", "tests", "benchmarks", "conftest.py", "pyproject.toml")
+#: The list's own rot test fails on every patched copy by design (its snippet is gone): no kill.
+NOT_A_KILL = "tests/benchmarks/test_mutants.py"
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 PYTEST = ("-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly")
 STAGES = (
     ("scenarios", ("scenarios/", "-n", "2"), 1800),
-    ("tests", ("tests", "-n", "2"), 2400),
+    ("tests", ("tests", "-n", "2", f"--ignore={NOT_A_KILL}"), 2400),
 )
 
 
@@ -73,7 +77,7 @@ def _copy_tree(dest: Path) -> None:
 
 
 def _env(tree: Path) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1", COLUMNS="250")
     env.pop("PYTEST_ADDOPTS", None)
     return env
 
