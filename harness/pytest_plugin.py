@@ -20,7 +20,7 @@ from harness.collection import collect_points, parse_modes
 from harness import pytest_matrix
 from harness.engine import BACKENDS
 from harness.report.record import report_record
-from harness.report.results import attach_record, item_record, metrics, write_results
+from harness.report.results import EVIDENCE_CHOICES, attach_record, item_record, metrics, write_results
 from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, locate
 
 SCENARIO_DIR = "scenarios"
@@ -40,6 +40,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="override every scenario's FIA host contract")
     group.addoption("--results-json", default=None, metavar="PATH",
                     help=f"JSON results file (default {DEFAULT_RESULTS_JSON} when scenarios run)")
+    group.addoption("--report-evidence", default="failures", choices=EVIDENCE_CHOICES,
+                    help="per-step dispatch, texts and evidence tables in the JSON and HTML reports: for "
+                         "failing and known-bad items (failures, the default; passing items keep verdict, "
+                         "check summaries and metrics) or for every item (all)")
     pytest_matrix.add_options(group)
 
 
@@ -159,7 +163,8 @@ class ScenarioItem(pytest.Item):
         backend = self.config.getoption("--backend")
         started = time.time()
         result = run_point(self.point, backend=backend, fia_contract=self.config.getoption("--fia-contract"))
-        self.record = item_record(result, nodeid=self.nodeid, started=started, root=self.config.rootpath)
+        self.record = item_record(result, nodeid=self.nodeid, started=started, root=self.config.rootpath,
+                                  evidence=self.config.getoption("--report-evidence"))
         self.user_properties.extend(metrics(self.record))  # junit: the small metrics only
         if result.outcome == XFAILED:
             pytest.xfail(result.verdict)

@@ -307,7 +307,8 @@ def _scenario_yaml(record: Mapping) -> str:
         return json.dumps(scenario, indent=1, default=str)
 
 
-def _evidence(record: Mapping, states: list, first: Any, *, draw: bool, salt: str) -> list[dict]:
+def _evidence(record: Mapping, states: list, first: Any, *, draw: bool, salt: str,
+              summary: bool = False) -> list[dict]:
     """Evidence sections: the first failing check, the other failures, then explained ones."""
     checks = _dict(record.get("checks"))
     run = _dict(record.get("run"))
@@ -326,7 +327,8 @@ def _evidence(record: Mapping, states: list, first: Any, *, draw: bool, salt: st
         elif name == "equality":
             section = _equality(check, state)
         elif name == "stream_budget":
-            section = _budget(check, run, failing=state == FAIL, draw=draw, salt=salt)
+            # A passing item's check line already says graphs, streams and utilisation.
+            section = None if summary else _budget(check, run, failing=state == FAIL, draw=draw, salt=salt)
         elif name == "execution":
             section = _execution(check, run)
         else:
@@ -367,6 +369,7 @@ def render_item(record: Mapping, *, draw_charts: bool | None = None, salt: str =
     states = check_states(record)
     first = first_failure(record)
     failing = first is not None
+    summary = record.get("evidence") == "summary"  # a passing item's record: no per-step evidence
     duration = record.get("duration")
     context = {
         "outcome": outcome, "outcome_label": _OUTCOME_LABEL.get(outcome, outcome),
@@ -374,16 +377,18 @@ def render_item(record: Mapping, *, draw_charts: bool | None = None, salt: str =
         "mode": item_mode(record), "features": feature_label(record.get("scenario")),
         "backend": _text(record.get("backend")),
         "duration": f"{duration:.2f} s" if isinstance(duration, (int, float)) else None,
+        "summary": summary,
+        "capture_sizes": " ".join(_ints(run.get("capture_sizes"))) if summary and run.get("capture_sizes") else "",
         "first": first, "fixes": fixes_sentence(record) if failing else "",
         "has_run": bool(run), "checks": states,
         "step_chart": charts.safely(charts.step_tokens_svg, _list(run.get("steps")),
                                    failed_step=first.step if first else None, salt=salt) if draw else "",
-        "evidence": _evidence(record, states, first, draw=draw, salt=salt),
+        "evidence": _evidence(record, states, first, draw=draw, salt=salt, summary=summary),
         "texts": _texts(_dict(_dict(record.get("checks")).get("stale_params")), run, open_=failing),
         "step_rows": _steps(run, open_=failing),
         "notes": [str(n) for n in _list(run.get("notes"))],
         "traceback": record.get("traceback") or "",
-        "scenario_yaml": _scenario_yaml(record),
+        "scenario_yaml": "" if summary else _scenario_yaml(record),
     }
     return _environment().get_template("item.html.j2").render(context)
 

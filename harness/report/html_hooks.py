@@ -2,10 +2,12 @@
 
 Registered by :mod:`harness.pytest_plugin` only when pytest-html is installed. The fragment of
 an item is rendered where the item ran (an xdist worker renders its own, in parallel) and
-travels with the test report as an attribute; pytest-html's own per-item data gets only a
-stub that names the fragment, and the page carries every fragment once, as script text that
-the page's script parses when a row is opened (:func:`harness.report.html.render_fragments`).
-That keeps pytest-html's table, which it rebuilds on every sort, filter and click, small.
+travels with the test report as an attribute; pytest-html's own per-item data gets none of
+it, only the fragment's key on the row's Mode cell, and the page carries every fragment once,
+as script text that the page's script parses when a row is opened
+(:func:`harness.report.html.render_fragments`). That keeps pytest-html's table, which it
+rebuilds on every sort, filter and click, small. A passed item's log ("No log output
+captured", or what a passing test printed) is left out of pytest-html's data: nobody reads it.
 """
 
 from __future__ import annotations
@@ -25,19 +27,13 @@ FRAGMENT_KEY = "graph_harness_html"
 
 
 def attach_fragment(report: pytest.TestReport, record: dict[str, Any]) -> None:
-    """Render the item's fragment and give pytest-html a stub that points at it."""
-    try:
-        from pytest_html import extras
-    except ImportError:
-        return
+    """Render the item's fragment; it travels on the report to the process writing the page."""
     key = item_key(report.nodeid)
     try:
         fragment = render_item(record, salt=key)
     except Exception as error:  # noqa: BLE001 - a rendering bug must not lose the result
         fragment = f"<pre>graph-harness could not render this item: {html_escape.escape(repr(error))}</pre>"
     setattr(report, FRAGMENT_KEY, fragment)
-    stub = f'<div class="gh-lazy" data-gh-key="{key}"></div>'
-    report.extras = [*getattr(report, "extras", []), extras.html(stub)]
 
 
 def _sort_key(text: str) -> str:
@@ -68,13 +64,22 @@ class HtmlReport:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_table_row(self, report: Any, cells: list[str]) -> None:
-        values = row_values(report_record(report) if getattr(report, "when", None) == "call" else None)
+        call = getattr(report, "when", None) == "call"
+        values = row_values(report_record(report) if call else None)
+        # The key of the item's fragment, read by the page's script when the row is opened.
+        key = f' data-gh="{item_key(report.nodeid)}"' if call and isinstance(getattr(report, FRAGMENT_KEY, None), str) else ""
         added = []
         for column, _ in TABLE_COLUMNS:
             text = html_escape.escape(values[column])
             prefix = _sort_key(values[column]) if column in ("step", "bucket") else ""
-            added.append(f'<td class="col-{column}">{prefix}{text}</td>')
+            attribute = key if column == "mode" else ""
+            added.append(f'<td class="col-{column}"{attribute}>{prefix}{text}</td>')
         cells[2:2] = added
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_html_results_table_html(self, report: Any, data: list[str]) -> None:
+        if getattr(report, "when", None) == "call" and report.passed and not hasattr(report, "wasxfail"):
+            data.clear()  # the row's details are then the fragment alone (pytest-html drops an empty log)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_summary(self, prefix: list[str], summary: list[str], postfix: list[str],

@@ -10,7 +10,7 @@ import pytest
 from harness.report import charts
 from harness.report.html import render_fragments, render_item, render_page, row_values
 from harness.report.view import check_states, first_failure
-from harness.report.results import item_record
+from harness.report.results import item_record, summary_record
 from harness.scenario import load_scenario_text
 from harness.session import run_point
 
@@ -30,14 +30,21 @@ SMALL_POOL = TINY + "engine: {stream_pool: 2}\n"
 ENV = {"torch": "x"}
 
 
-def _record(text: str) -> dict:
+def _record(text: str, evidence: str = "failures") -> dict:
     (point,) = load_scenario_text(text)
-    return item_record(run_point(point), ENV)
+    return item_record(run_point(point), ENV, evidence=evidence)
 
 
 @pytest.fixture(scope="module")
-def good() -> dict:
-    return _record(TINY)
+def good_full() -> dict:
+    """A passing item with every piece of evidence (``--report-evidence=all``)."""
+    return _record(TINY, evidence="all")
+
+
+@pytest.fixture(scope="module")
+def good(good_full) -> dict:
+    """The same item as the plugin records it by default: a summary."""
+    return summary_record(good_full)
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +56,33 @@ def _text(html: str) -> str:
     return re.sub(r"<[^>]+>", "", html)
 
 
-def test_passing_item_shows_checks_texts_and_dispatch(good):
-    assert good["outcome"] == "passed"
+def test_passing_item_by_default_shows_its_checks_only(good):
+    assert good["outcome"] == "passed" and good["evidence"] == "summary"
     html = render_item(good)
+    assert html.count(">PASS<") == 4 and ">FAIL<" not in html and "not evaluated" not in html
+    assert "all four checks passed" in html and "4 graphs, 4 of 2048 streams (0.2%)" in html
+    assert "mode <b>FULL</b>" in html and "capture sizes <span class=\"gh-tok\">1 2 4 8</span>" in html
+    # no per-step evidence, texts, scenario YAML or stream-budget section: a passing item is small
+    for absent in ("Generated texts", "Per-step dispatch", "Scenario as run", "<h4>Stream budget", "<svg"):
+        assert absent not in html
+    assert len(html) < 1200
+
+
+def test_a_summary_keeps_what_the_grid_the_charts_and_diff_read(good, good_full):
+    assert charts.padding_by_bucket([good]) == charts.padding_by_bucket([good_full]) != {}
+    assert good["metrics"] == good_full["metrics"] and good["metrics"]["steps"] == 6
+    for field in ("key", "outcome", "verdict", "failed_checks", "scenario", "source", "duration"):
+        assert good[field] == good_full[field]
+    assert row_values(good) == row_values(good_full)
+    assert [(s.name, s.state, s.summary) for s in check_states(good)] == \
+        [(s.name, s.state, s.summary) for s in check_states(good_full)]
+    assert "steps" not in good["run"] and "texts" not in good["run"] and "by_bucket" not in good["run"]["stream_usage"]
+    assert good["checks"]["equality"]["details"] == {"compared": 12}
+
+
+def test_passing_item_with_all_evidence_shows_checks_texts_and_dispatch(good_full):
+    assert good_full["outcome"] == "passed" and good_full["evidence"] == "full"
+    html = render_item(good_full)
     assert html.startswith('<div class="gh-item">') and "<style" not in html  # CSS is once per page
     for name in ("fia_invariant", "equality", "stale_params", "stream_budget"):
         assert name in html

@@ -68,11 +68,13 @@ def test_columns_fragments_and_css_once(run):
     assert tests["ok[PIECEWISE]"]["mode"] == "PIECEWISE" and tests["mtp"]["features"] == "mtp1"
     assert tests["fail"]["check"] == "fia_invariant" and tests["bad"]["check"] == "stale_params"
     assert tests["fail"]["bucket"].endswith("4")  # a hidden sort prefix, then the bucket
-    # each item: a stub in pytest-html's data, its fragment once on the page, the CSS once
-    for entry in tests.values():
-        (stub,) = [e["content"] for e in entry["extras"]]
-        key = re.search(r'data-gh-key="(\w+)"', stub).group(1)
-        assert page.count(f'id="gh-x-{key}"') == 1
+    # each item: its fragment's key on its Mode cell, the fragment once on the page, the CSS once;
+    # nothing else of ours in pytest-html's data, and no log for a passed item
+    for name, entry in tests.items():
+        (mode_cell,) = [c for c in entry["resultsTableRow"] if 'class="col-mode"' in c]
+        key = re.search(r'data-gh="(\w+)"', mode_cell).group(1)
+        assert page.count(f'id="gh-x-{key}"') == 1 and entry["extras"] == []
+        assert (entry["log"] == "") == (entry["result"] == "Passed"), name
     assert page.count(".gh-item h4 {") == 1 and page.count('<section id="gh-summary">') == 1
 
 

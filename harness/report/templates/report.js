@@ -36,9 +36,15 @@
     return true
   }
 
-  const fillStub = (stub) => {
-    const source = document.getElementById('gh-x-' + stub.dataset.ghKey)
-    if (source && !stub.firstChild) stub.innerHTML = source.textContent.replace(/<\\(\/script|!--)/gi, '<$1')
+  // A row's fragment key sits on its Mode cell; the fragment goes into pytest-html's own
+  // slot for extra HTML in the row's details, once.
+  const fillRow = (extras) => {
+    const target = extras.querySelector('.extraHTML')
+    const key = extras.dataset.ghKey
+    const source = key && document.getElementById('gh-x-' + key)
+    if (!target || !source || extras.dataset.ghFilled) return
+    extras.dataset.ghFilled = '1'
+    target.insertAdjacentHTML('beforeend', source.textContent.replace(/<\\(\/script|!--)/gi, '<$1'))
   }
 
   // Open rows are filled as they come near the viewport: a redraw then lays out a screenful
@@ -47,15 +53,18 @@
     ? new IntersectionObserver((entries) => entries.forEach((entry) => {
       if (entry.isIntersecting) {
         nearView.unobserve(entry.target)
-        fillStub(entry.target)
+        fillRow(entry.target)
       }
     }), { rootMargin: '1500px 0px' })
     : null
 
   const fill = (row) => {
     const extras = row.querySelector('.extras-row')
-    if (!extras || extras.classList.contains('hidden')) return
-    row.querySelectorAll('.gh-lazy:empty').forEach((stub) => (nearView ? nearView.observe(stub) : fillStub(stub)))
+    const cell = row.querySelector('td.col-mode[data-gh]')
+    if (!extras || !cell || extras.classList.contains('hidden') || extras.dataset.ghFilled) return
+    extras.dataset.ghKey = cell.dataset.gh
+    if (nearView) nearView.observe(extras)
+    else fillRow(extras)
   }
 
   const apply = () => {
