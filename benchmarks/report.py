@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.report.browser import Chromium, find_chromium  # noqa: E402
+from harness.report.html import read_fragments, render_fragments  # noqa: E402
 
 CONFTEST = '''
 import json, time
@@ -136,8 +137,20 @@ def _fragment_keys(blob: dict) -> dict[str, str]:
     return keys
 
 
+def _fragment_store(page: str) -> tuple[dict[str, str], int, bool]:
+    """(key -> fragment HTML, bytes of the store on the page, whether it is compressed)."""
+    plain = re.findall(r'<script type="text/x-gh-item" id="gh-x-(\w+)">(.*?)</script>', page, re.S)
+    if plain:  # the earlier layout: one script element of plain text per item
+        return {k: v for k, v in plain}, sum(len(v) + 50 for _, v in plain), False
+    match = re.search(r'<script type="application/x-gh-fragments"[^>]*>[^<]*</script>', page)
+    return read_fragments(page), len(match.group(0)) if match else 0, True
+
+
 def page_sizes(page_path: Path) -> dict:
-    """Bytes of an HTML report: per item by outcome (data entry + fragment), and the fixed part."""
+    """Bytes of an HTML report: per item by outcome (its data entry + its fragment), the fixed part.
+
+    With the compressed fragment store, an outcome's fragment bytes are those of its fragments
+    compressed alone (in page order) and base64-encoded, over its items: what they add."""
     page = page_path.read_text()
     attribute = re.search(r'data-jsonblob="(.*?)"></div>', page, re.S)
     blob = json.loads(html.unescape(attribute.group(1)))
@@ -149,20 +162,26 @@ def page_sizes(page_path: Path) -> dict:
             size = len(html.escape(json.dumps(entry)))  # as Jinja2 escapes the blob on the page
             entry_bytes += size
             per.setdefault(entry["result"].lower(), []).append(size)
-    fragments = re.findall(r'<script type="text/x-gh-item" id="gh-x-(\w+)">(.*?)</script>', page, re.S)
-    fragment_bytes: dict[str, list[int]] = {}
-    for key, text in fragments:
-        fragment_bytes.setdefault(outcome_of.get(key, "?"), []).append(len(text) + 50)  # + the element
+    fragments, store_bytes, compressed = _fragment_store(page)
+    grouped: dict[str, dict[str, str]] = {}
+    for key, text in fragments.items():
+        grouped.setdefault(outcome_of.get(key, "?"), {})[key] = text
     items = sum(len(v) for v in per.values())
     by_outcome = {}
     for outcome, sizes in per.items():
-        frag = fragment_bytes.get(outcome, [])
+        group = grouped.get(outcome, {})
+        if compressed:
+            added = len(render_fragments(group)) if group else 0
+        else:
+            added = sum(len(v) + 50 for v in group.values())
+        fragment = added / len(group) if group else 0
         by_outcome[outcome] = {"items": len(sizes), "data_bytes": round(statistics.mean(sizes)),
-                               "fragment_bytes": round(statistics.mean(frag)) if frag else 0,
-                               "bytes": round(statistics.mean(sizes) + (statistics.mean(frag) if frag else 0))}
-    fixed = len(page) - entry_bytes - sum(sum(v) for v in fragment_bytes.values())
+                               "fragment_bytes": round(fragment),
+                               "fragment_text_bytes": round(statistics.mean(len(v) for v in group.values())) if group else 0,
+                               "bytes": round(statistics.mean(sizes) + fragment)}
     return {"bytes": len(page), "items": items, "bytes_per_item": round(len(page) / max(items, 1)),
-            "fixed_bytes": fixed, "by_outcome": by_outcome}
+            "fixed_bytes": len(page) - entry_bytes - store_bytes, "fragment_store_bytes": store_bytes,
+            "fragments_compressed": compressed, "by_outcome": by_outcome}
 
 
 def results_sizes(path: Path) -> dict:
@@ -180,6 +199,9 @@ def results_sizes(path: Path) -> dict:
 
 
 # -- browser ---------------------------------------------------------------------------------------
+READY = ("new Promise(r => { const t = performance.now(); const wait = () => "
+         "(document.body.dataset.ghFragments || !document.getElementById('gh-fragments')) ? r(performance.now() - t)"
+         " : setTimeout(wait, 10); wait() })")
 SETTLE = "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(r, 50))))"
 TIMED = ("new Promise(r => {{ const t = performance.now(); {action}; "
          "requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(() => r(performance.now() - t), 0))) }})")
@@ -211,6 +233,7 @@ def browser_times(page: Path, repeats: int = 3) -> dict:
         with Chromium() as browser:
             browser.send("Performance.enable", timeMode="threadTicks")
             loaded = browser.open(page)
+            browser.evaluate(READY)  # the fragment store inflated (immediately for older pages)
             browser.evaluate(SETTLE)
             nav = browser.evaluate("(() => { const n = performance.getEntriesByType('navigation')[0];"
                                    " return {parsed: n.domInteractive, dom_ready: n.domContentLoadedEventEnd,"

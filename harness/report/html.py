@@ -13,10 +13,12 @@ has ``run == {}``; a skipped one no run).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import re
+import zlib
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -29,8 +31,8 @@ from harness.report import charts
 from harness.report.view import (EXPLAINED, FAIL, check_states, feature_label, first_failure,
                                  fixes_off, item_mode)
 
-__all__ = ["render_item", "render_page", "render_fragments", "row_values", "item_key", "fixes_sentence",
-           "TABLE_COLUMNS", "MAX_ROWS"]
+__all__ = ["render_item", "render_page", "render_fragments", "read_fragments", "row_values", "item_key",
+           "fixes_sentence", "TABLE_COLUMNS", "MAX_ROWS"]
 
 #: Rows of a violation / mismatch / stale table shown before an "N more" note.
 MAX_ROWS = 12
@@ -45,7 +47,7 @@ TABLE_COLUMNS = (("mode", "Mode"), ("features", "Features"), ("check", "Failed c
 _OUTCOME_LABEL = {"passed": "passed", "failed": "failed", "xfailed": "xfailed (known-bad, failed as expected)",
                   "skipped": "skipped"}
 _TEMPLATES = Path(__file__).with_name("templates")
-_SCRIPT_END = re.compile(r"<(/script|!--)", re.I)  # what could end or escape a script element
+_FRAGMENTS = re.compile(r'<script type="application/x-gh-fragments" id="gh-fragments"[^>]*>([^<]*)</script>')
 
 
 @lru_cache(maxsize=1)
@@ -421,8 +423,14 @@ def _grid(records: list[Mapping]) -> dict:
     return {"combos": combos, "rows": rows}
 
 
-def render_page(records: list[Mapping]) -> str:
-    """What goes once at the top of the page: CSS, the outcome grid, the run's charts, filters."""
+def render_page(records: list[Mapping], *, media: bool = True) -> str:
+    """What goes once at the top of the page: CSS, the outcome grid, the run's charts, filters.
+
+    ``media``: whether any test of the run attached an image or a video. Without any, the
+    page's script drops the ``<video>`` element from pytest-html's row template before
+    pytest-html builds its rows: a thousand video elements, created again on every redraw,
+    were four fifths of the cost of opening a 1,000-item report and of each sort, filter
+    and click (pytest-html issue #684; figures in the README)."""
     records = [_dict(r) for r in records or []]
     outcomes: dict[str, int] = {}
     for record in records:
@@ -440,18 +448,30 @@ def render_page(records: list[Mapping]) -> str:
                                            "name": _text(peak[1].get("name"))},
         "checks": sorted({c for r in records for c in _list(r.get("failed_checks"))}),
         "modes": [mode for mode, _ in _grid(records)["rows"]],
+        "media": media,
     }
     return _environment().get_template("page.html.j2").render(context)
 
 
 def render_fragments(fragments: Mapping[str, str]) -> str:
-    """Every item's fragment once, as inert script text the page's script parses on demand.
+    """Every item's fragment once, compressed together, for the page's script to open on demand.
 
     pytest-html rebuilds its whole results table on every filter, sort and click; fragments
-    kept out of its data are parsed only when their row is open, so a 1,000-item page stays
-    fast. ``</script`` and ``<!--`` are escaped (the page's script reverses it) so that no
-    fragment can end its element early; autoescaping keeps them out of every value already.
+    kept out of its data are laid out only when their row is open, so a 1,000-item page stays
+    fast. They are one JSON object (key -> HTML), deflated and base64-encoded: the fragments
+    of a run repeat each other (the same tables, check names and summaries), so together they
+    compress about tenfold, and base64 text can never end its script element. The page's
+    script inflates them once (``DecompressionStream``, in every current browser);
+    :func:`read_fragments` does the same in Python.
     """
-    env = _environment()
-    return env.get_template("fragments.html.j2").render(
-        fragments=[(key, _SCRIPT_END.sub(r"<\\\1", html)) for key, html in fragments.items()])
+    payload = json.dumps(dict(fragments), separators=(",", ":")).encode()
+    data = base64.b64encode(zlib.compress(payload, 9)).decode("ascii")
+    return _environment().get_template("fragments.html.j2").render(data=data, count=len(fragments))
+
+
+def read_fragments(page: str) -> dict[str, str]:
+    """The fragments of a written page, key -> HTML (for tests and benchmarks)."""
+    match = _FRAGMENTS.search(page)
+    if match is None:
+        return {}
+    return json.loads(zlib.decompress(base64.b64decode(match.group(1))))

@@ -7,7 +7,8 @@ it, only the fragment's key on the row's Mode cell, and the page carries every f
 as script text that the page's script parses when a row is opened
 (:func:`harness.report.html.render_fragments`). That keeps pytest-html's table, which it
 rebuilds on every sort, filter and click, small. A passed item's log ("No log output
-captured", or what a passing test printed) is left out of pytest-html's data: nobody reads it.
+captured", or what a passing test printed) and a skipped scenario item's (its reason, which
+the fragment says) are left out of pytest-html's data.
 """
 
 from __future__ import annotations
@@ -47,11 +48,15 @@ class HtmlReport:
     def __init__(self, records: list[dict[str, Any]]) -> None:
         self.records = records  # the results collector's list: every item's record, any worker
         self.fragments: dict[str, str] = {}
+        self.media = False  # whether any test attached an image or a video (pytest-html extras)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         fragment = getattr(report, FRAGMENT_KEY, None)
         if report.when == "call" and isinstance(fragment, str):
             self.fragments[item_key(report.nodeid)] = fragment
+        extras = getattr(report, "extras", None) or []
+        self.media = self.media or any(isinstance(e, dict) and e.get("format_type") in ("image", "video")
+                                       for e in extras)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_report_title(self, report: Any) -> None:
@@ -78,8 +83,13 @@ class HtmlReport:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_table_html(self, report: Any, data: list[str]) -> None:
-        if getattr(report, "when", None) == "call" and report.passed and not hasattr(report, "wasxfail"):
-            data.clear()  # the row's details are then the fragment alone (pytest-html drops an empty log)
+        # A passed item's log says nothing (usually "No log output captured"); a skipped
+        # scenario item's is its skip reason, which its fragment's verdict says already. Then
+        # the row's details are the fragment alone (pytest-html drops an empty log).
+        if getattr(report, "when", None) != "call" or hasattr(report, "wasxfail"):
+            return
+        if report.passed or (report.skipped and isinstance(getattr(report, FRAGMENT_KEY, None), str)):
+            data.clear()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_summary(self, prefix: list[str], summary: list[str], postfix: list[str],
@@ -87,7 +97,7 @@ class HtmlReport:
         # A rendering bug must not cost the report that pytest-html is about to write.
         try:
             if self.records or self.fragments:
-                prefix.append(render_page(self.records))
+                prefix.append(render_page(self.records, media=self.media))
         except Exception as error:  # noqa: BLE001
             prefix.append(f"<p>graph-harness could not render the summary: {html_escape.escape(repr(error))}</p>")
         if self.fragments:

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from harness.report import charts
-from harness.report.html import render_fragments, render_item, render_page, row_values
+from harness.report.html import read_fragments, render_fragments, render_item, render_page, row_values
 from harness.report.view import check_states, first_failure
 from harness.report.results import item_record, summary_record
 from harness.scenario import load_scenario_text
@@ -61,7 +61,7 @@ def test_passing_item_by_default_shows_its_checks_only(good):
     html = render_item(good)
     assert html.count(">PASS<") == 4 and ">FAIL<" not in html and "not evaluated" not in html
     assert "all four checks passed" in html and "4 graphs, 4 of 2048 streams (0.2%)" in html
-    assert "mode <b>FULL</b>" in html and "capture sizes <span class=\"gh-tok\">1 2 4 8</span>" in html
+    assert "&lt;string&gt;:2" in html and 'capture sizes <span class="gh-tok">1 2 4 8</span>' in html
     # no per-step evidence, texts, scenario YAML or stream-budget section: a passing item is small
     for absent in ("Generated texts", "Per-step dispatch", "Scenario as run", "<h4>Stream budget", "<svg"):
         assert absent not in html
@@ -199,7 +199,7 @@ def test_page_grid_charts_and_filters(good, stale):
     crashed = dict(good, outcome="failed", run={})
     skipped = {"outcome": "skipped", "scenario": {"graph": {"mode": "PIECEWISE"}, "features": {"sp": {"tp": 2}}}}
     html = render_page([good, stale, crashed, skipped])
-    assert html.count("<style>") == 1 and html.count("<script>") == 1
+    assert html.count("<style>") == 1 and html.count("<script") == 1 and 'data-gh-media="1"' in html
     assert 'id="gh-grid"' in html
     # FULL x base holds a pass, a known-bad and a failure: the failure colours it
     assert 'class="gh-cell gh-o-failed" data-mode="FULL" data-features="base"' in html
@@ -211,10 +211,17 @@ def test_page_grid_charts_and_filters(good, stale):
     assert "no scenario item ran" in empty and "<svg" not in empty
 
 
-def test_fragments_cannot_end_their_script_element():
-    page = render_fragments({"k1": "<div>a</div>", "k2": "<p><!--<script></script><script>alert(1)</SCRIPT>"})
-    assert page.count("</script>") == 2 and "<!--" not in page and "<\\!--" in page and "<\\/SCRIPT>" in page
-    assert 'id="gh-x-k1"><div>a</div></script>' in page
+def test_fragments_are_compressed_once_and_cannot_end_their_script_element():
+    fragments = {"k1": "<div>a</div>", "k2": "<p><!--<script></script><script>alert(1)</SCRIPT>"}
+    page = render_fragments(fragments)
+    assert page.count("<script") == 1 and page.count("</script>") == 1 and "<!--" not in page
+    assert 'id="gh-fragments" data-count="2"' in page and "alert" not in page
+    assert read_fragments("<html>" + page + "</html>") == fragments
+    # a run's fragments repeat each other: together they compress many times over
+    many = {f"k{i}": f'<div class="gh-item"><p>item {i} passed</p><table>{"<tr><td>PASS</td></tr>" * 4}</table></div>'
+            for i in range(200)}
+    assert len(render_fragments(many)) * 5 < sum(len(v) for v in many.values())
+    assert read_fragments("no fragments here") == {}
 
 
 def test_charts_are_inline_svg_with_ids_unique_per_chart():
@@ -235,3 +242,16 @@ def test_charts_are_inline_svg_with_ids_unique_per_chart():
                                                                      8: {"steps": 1, "real": 5, "bucket": 3}}
     assert charts.step_tokens_svg([]) == "" and charts.streams_svg([], 2) == "" and charts.padding_waste_svg([]) == ""
     assert "chart not drawn: ZeroDivisionError" in charts.safely(lambda: 1 / 0)
+
+
+def test_the_page_keeps_the_video_template_only_when_a_test_attached_media():
+    from types import SimpleNamespace
+
+    from harness.report.html_hooks import HtmlReport
+
+    hooks = HtmlReport([])
+    hooks.pytest_runtest_logreport(SimpleNamespace(when="call", nodeid="t::a", extras=[{"format_type": "html"}]))
+    assert not hooks.media  # an HTML extra is not media: the page drops pytest-html's <video>
+    hooks.pytest_runtest_logreport(SimpleNamespace(when="call", nodeid="t::b", extras=[{"format_type": "image"}]))
+    assert hooks.media
+    assert 'data-gh-media="0"' in render_page([], media=False) and 'data-gh-media="1"' in render_page([], media=True)

@@ -162,6 +162,10 @@ workload:
 """
 
 
+# Six real trials (one 4-rank, four 2-rank, one single-rank) and a warm rank server: about twice
+# `python -c "import torch"` (20 s at load 5 on the 2-core machine). `slow`, so that
+# `-m "not slow"` skips it while editing; `make test` (CI) runs it.
+@pytest.mark.slow
 def test_narrow_names_sp_for_a_failing_sp_mtp_dp_scenario(tmp_path, capsys):
     path = tmp_path / "sp_mtp_dp.yaml"
     path.write_text(SP_MTP_DP)
