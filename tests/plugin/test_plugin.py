@@ -118,6 +118,10 @@ def test_html_report_embeds_the_item_explanation(project):
     html = (project.path / "report.html").read_text()
     assert "graph-harness: graph-mode scenarios" in html
     assert "capture-time" in html and "stale_params" in html
+    from harness.report.html import read_fragments
+
+    (fragment,) = read_fragments(html).values()  # the explanation, in the page's fragment store
+    assert "Stale host parameters" in fragment and "capture-time" in fragment
 
 
 def test_xdist_workers_send_their_records_to_the_controller(project):
