@@ -21,8 +21,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["step_tokens_svg", "streams_svg", "padding_waste_svg", "padding_by_bucket", "step_padding", "SOURCE_COLOURS",
-           "safely"]
+__all__ = ["step_tokens_svg", "streams_svg", "padding_waste_svg", "padding_by_bucket", "step_padding",
+           "SOURCE_COLOURS", "safely"]
 
 #: One colour per ledger source, the same in every chart (real work is blue, padding warm).
 SOURCE_COLOURS = {"real": "#4c78a8", "bucket": "#f58518", "sp": "#e45756", "dp": "#b279a2",

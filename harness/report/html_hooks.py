@@ -4,7 +4,7 @@ Registered by :mod:`harness.pytest_plugin` only when pytest-html is installed. T
 an item is rendered where the item ran (an xdist worker renders its own, in parallel) and
 travels with the test report as an attribute; pytest-html's own per-item data gets none of
 it, only the fragment's key on the row's Mode cell, and the page carries every fragment once,
-as script text that the page's script parses when a row is opened
+in one compressed store that the page's script opens when a row is opened
 (:func:`harness.report.html.render_fragments`). That keeps pytest-html's table, which it
 rebuilds on every sort, filter and click, small. A passed item's log ("No log output
 captured", or what a passing test printed) and a skipped scenario item's (its reason, which
@@ -72,7 +72,8 @@ class HtmlReport:
         call = getattr(report, "when", None) == "call"
         values = row_values(report_record(report) if call else None)
         # The key of the item's fragment, read by the page's script when the row is opened.
-        key = f' data-gh="{item_key(report.nodeid)}"' if call and isinstance(getattr(report, FRAGMENT_KEY, None), str) else ""
+        has_fragment = call and isinstance(getattr(report, FRAGMENT_KEY, None), str)
+        key = f' data-gh="{item_key(report.nodeid)}"' if has_fragment else ""
         added = []
         for column, _ in TABLE_COLUMNS:
             text = html_escape.escape(values[column])
