@@ -50,7 +50,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from harness.report.browser import Chromium, find_chromium  # noqa: E402
-from harness.report.html import read_fragments, render_fragments  # noqa: E402
+try:  # an older version (one plain script element per fragment) has neither, and needs neither
+    from harness.report.html import read_fragments, render_fragments  # noqa: E402
+except ImportError:
+    read_fragments = render_fragments = None
 
 CONFTEST = '''
 import json, time
@@ -199,8 +202,8 @@ def results_sizes(path: Path) -> dict:
 
 
 # -- browser ---------------------------------------------------------------------------------------
-READY = ("new Promise(r => { const t = performance.now(); const wait = () => "
-         "(document.body.dataset.ghFragments || !document.getElementById('gh-fragments')) ? r(performance.now() - t)"
+READY = ("new Promise(r => { const t = performance.now(); const wait = () => (document.body.dataset"
+         ".ghFragments || !document.querySelector('script#gh-fragments')) ? r(performance.now() - t)"
          " : setTimeout(wait, 10); wait() })")
 SETTLE = "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(r, 50))))"
 TIMED = ("new Promise(r => {{ const t = performance.now(); {action}; "
