@@ -140,5 +140,8 @@ def test_report_in_headless_chromium(run, tmp_path):
         browser.evaluate(f"location.hash = ''; {tick}")
         browser.evaluate(f"document.querySelector('tbody.passed .col-result').click(); {tick}")
         assert browser.evaluate("document.querySelectorAll('.gh-item').length") == 2  # fail + the opened pass
+        # the passed row has no log, and pytest-html's empty log box went with it
+        assert browser.evaluate("document.querySelectorAll('tbody.passed .extras-row:not(.hidden) .logwrapper')"
+                                ".length") == 0
         assert browser.errors == []
         browser.screenshot(tmp_path / "report.png")

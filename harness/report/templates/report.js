@@ -77,6 +77,9 @@
     const key = extras.dataset.ghKey
     if (!target || !key || extras.dataset.ghFilled) return
     extras.dataset.ghFilled = '1'
+    // A row whose log was left out (a passed item) keeps pytest-html's empty log box: drop it.
+    const logBox = extras.querySelector('.logwrapper')
+    if (logBox && !logBox.querySelector('.log')) logBox.remove()
     loadFragments().then((all) => { if (all[key]) target.insertAdjacentHTML('beforeend', all[key]) })
   }
 
