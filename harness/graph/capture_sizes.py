@@ -48,6 +48,7 @@ __all__ = [
     "resolve_sizes",
     "sizes_for_sequence_parallel",
     "sizes_for_spec_decode",
+    "spec_decode_multiple",
     "truncate_to_grid",
 ]
 
@@ -124,20 +125,9 @@ def compose_constraints(sizes: Sequence[int], constraints: Sequence[SizeConstrai
     round_up = [c for c in constraints if c.rule == "round_up" and c.multiple > 1]
     if not round_up or not decode_full:
         return sizes
-    every = [c.multiple for c in (*round_up, *keep)]
-    if spec_sp_multiple == "lcm":
-        multiple = math.lcm(*every)
-    elif spec_sp_multiple == "max":
-        multiple = max(every)
-        if any(multiple % m for m in every):
-            q = next(c.multiple for c in round_up)
-            tp = next((c.multiple for c in keep), 1)
-            raise EngineRefusal(
-                f"Can't determine cudagraph shapes that are both a multiple of {q} (num_speculative_tokens + 1) "
-                f"required by spec-decode and {tp} (tensor_parallel_size) required by sequence parallelism "
-                "please adjust num_speculative_tokens or disable sequence parallelism")
-    else:
-        raise ValueError(f"spec_sp_multiple must be 'max' or 'lcm', got {spec_sp_multiple!r}")
+    q = math.lcm(*(c.multiple for c in round_up))
+    tp = math.lcm(1, *(c.multiple for c in keep))
+    multiple = spec_decode_multiple(q, tp, spec_sp_multiple)
     if all(s % multiple == 0 for s in sizes):
         return sizes
     why = " and ".join(dict.fromkeys(c.source for c in (*keep, *round_up)))
@@ -146,6 +136,28 @@ def compose_constraints(sizes: Sequence[int], constraints: Sequence[SizeConstrai
     except ValueError:
         raise ValueError(f"no capture size left after rounding {sizes} up to multiples of {multiple} "
                          f"({why}) within max {max(sizes)}") from None
+
+def spec_decode_multiple(q: int, tp: int, how: SpecSpMultiple = "max") -> int:
+    """What spec decode rounds capture sizes to, with SP's ``tp`` (1 without SP).
+
+    ``"max"`` is vLLM's ``adjust_cudagraph_sizes_for_spec_decode``: ``max(q, tp)``, and when that
+    is not a multiple of both the engine refuses to start (:class:`EngineRefusal`, vLLM's
+    message); ``"lcm"`` is the harness's alternative, ``lcm(q, tp)``.
+    """
+    _require_positive("q", q)
+    _require_positive("tp", tp)
+    if how == "lcm":
+        return math.lcm(q, tp)
+    if how != "max":
+        raise ValueError(f"spec_sp_multiple must be 'max' or 'lcm', got {how!r}")
+    multiple = max(q, tp)
+    if multiple % q or multiple % tp:
+        raise EngineRefusal(
+            f"Can't determine cudagraph shapes that are both a multiple of {q} (num_speculative_tokens + 1) "
+            f"required by spec-decode and {tp} (tensor_parallel_size) required by sequence parallelism "
+            "please adjust num_speculative_tokens or disable sequence parallelism")
+    return multiple
+
 
 #: Upper bound of the default max capture size (upstream vLLM and vLLM Ascend; data-centre
 #: Blackwell uses 1024 upstream, pass ``cap=1024`` for that).

@@ -251,12 +251,15 @@ class Capture:
     """The tape being recorded for one graph, plus what it allocated."""
 
     def __init__(self, graph_name: str, pool: MemoryPool, *, auto_dispatch: bool, allow_rng: bool,
-                 error_mode: str) -> None:
+                 error_mode: str, sync_invalidates: bool = True) -> None:
         self.graph_name = graph_name
         self.pool = pool
         self.auto_dispatch = auto_dispatch
         self.allow_rng = allow_rng
         self.error_mode = error_mode
+        # torch_npu before 882896a6c: a rejected host sync invalidates the capture (capture_end
+        # raises); since, the rejection is raised and the capture goes on
+        self.sync_invalidates = sync_invalidates
         self.nodes: list[Node] = []
         self.blocks: list[Block] = []
         self.allocated: list[torch.Tensor] = []  # tensors made during capture (pool + views)
@@ -288,7 +291,8 @@ class Capture:
         if self.error_mode == "relaxed":
             return
         error = CaptureError(f"{what}: {CAPTURE_SYNC_MESSAGE} (capture of {self.graph_name})")
-        self.failed = self.failed or error
+        if self.sync_invalidates:
+            self.failed = self.failed or error
         raise error
 
     def record(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
