@@ -198,9 +198,10 @@ class Dispatcher:
                     CUDAGraphMode.FULL, key, padded, f"exact FULL key for {padded} tokens"
                 )
             mixed = self._mixed_full_key(padded)
-            if mixed in self.full_keys:
+            if mixed in self.full_keys:  # a mixed batch's own key, or a uniform batch's fallback
+                how = "relaxed" if key.uniform_decode else "exact"
                 return DispatchDecision(
-                    CUDAGraphMode.FULL, mixed, padded, f"mixed FULL key for {padded} tokens"
+                    CUDAGraphMode.FULL, mixed, padded, f"{how} FULL key for {padded} tokens"
                 )
         if relaxed in self.piecewise_keys:
             return DispatchDecision(
