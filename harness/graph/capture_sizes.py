@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "DEFAULT_MAX_CAPTURE_SIZE_CAP",
@@ -256,9 +256,9 @@ def sizes_for_spec_decode(
     A uniform-decode graph holds ``num_reqs * q`` tokens; a bucket that ``q`` does not
     divide would route prefill-shaped batches into "decode" graphs (vLLM issue #28207).
     With sequence parallel (``tp > 1``) the multiple must also be divisible by ``tp``:
-    we use ``lcm(q, tp)``. (Upstream ``adjust_cudagraph_sizes_for_spec_decode`` uses
-    ``max(q, tp)`` and raises when that is not a common multiple; ``lcm`` agrees whenever
-    upstream does not raise.) Sizes rounded above ``max_size`` are dropped, duplicates
+    this low-level helper uses ``lcm(q, tp)``; the pipeline picks the multiple with
+    :func:`spec_decode_multiple` (upstream's ``max(q, tp)`` and refusal, or ``lcm``) and passes
+    it as ``q``. Sizes rounded above ``max_size`` are dropped, duplicates
     merged. If nothing is left but the multiple itself fits under ``max_size``, the
     multiple is kept (as upstream does); otherwise ``ValueError``.
     """
@@ -386,7 +386,7 @@ def resolve_sizes(
     return SizeResolution(sizes, dropped, notes)
 
 
-def resolve_capture_sizes(**kwargs) -> list[int]:
+def resolve_capture_sizes(**kwargs: Any) -> list[int]:
     """:func:`resolve_sizes` without the warnings: just the sizes."""
     return resolve_sizes(**kwargs).sizes
 
