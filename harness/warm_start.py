@@ -17,7 +17,6 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
-
 import torch.distributed  # noqa: E402,F401
 
 import harness.engine.emulated  # noqa: E402,F401 - the default backend: every rank loads it
