@@ -421,7 +421,25 @@ def _infer_outputs(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> An
     return spec
 
 
+def _collective_shape(func: torch._ops.OpOverload, args: tuple) -> Any:
+    """Outputs of the functional collectives whose rule is plain, without their meta kernels.
+
+    Those kernels are Python references that import sympy (about 1 s) in every fresh rank.
+    """
+    name = func._schema.name
+    if name == "_c10d_functional::wait_tensor":
+        return args[0]  # the waited tensor itself
+    if name == "_c10d_functional::all_gather_into_tensor":
+        x, group_size = args[0], args[1]
+        return torch.empty((group_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device="meta")
+    return None
+
+
 def _run_for_shapes(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    if func.namespace == "_c10d_functional" and not kwargs:
+        shaped = _collective_shape(func, args)
+        if shaped is not None:
+            return shaped
     if _op_info(func).run_to_infer:
         try:
             return func(*args, **kwargs)
