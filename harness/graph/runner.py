@@ -75,7 +75,12 @@ def fia_attend(model: DecoderLM, meta: AttentionMetadata, block_table: Tensor,
     def attend(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
         with fia_call_tags(layer=layer):
             kwargs = fia_kwargs(heads, meta.actual_seq_lengths, meta.seq_lens, block_table, style)
-            return attend_eager(query, key_cache, value_cache, kwargs, style)
+            if not meta.query_slice:
+                return attend_eager(query, key_cache, value_cache, kwargs, style)
+            # vLLM Ascend's non-FULL path: query[:actual_seq_lengths_q[-1]], padding rows left zero
+            real = meta.actual_seq_lengths[-1] if meta.actual_seq_lengths else 0
+            out = attend_eager(query[:real], key_cache, value_cache, kwargs, style)
+            return torch.cat([out, out.new_zeros((query.shape[0] - real, *out.shape[1:]))])
 
     return attend
 
