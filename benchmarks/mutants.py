@@ -75,8 +75,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "    if not fia_padding_fix:\n        last = meta.query_start_loc[-1]",
            "    if not fia_padding_fix or runtime_mode is not CUDAGraphMode.FULL:\n"
            "        last = meta.query_start_loc[-1]",
-           "the dummy request added only for FULL replays: PIECEWISE and eager padding uncovered",
-           ("scenarios/mixed_prefill_decode.yaml",)),
+           "the dummy request added only for FULL replays: SP's padding in eager and PIECEWISE runs uncovered",
+           ("scenarios/rules/sp_padding.yaml",)),
     Mutant("pad-mixed-dummy-short", "dummy_mixed", _M,
            "        extra = [pad]\n",
            "        extra = [pad - 1] if pad > 1 else [pad]\n",
