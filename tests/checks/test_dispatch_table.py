@@ -84,7 +84,7 @@ workload:
     - [{req: a, new_tokens: 3}, {req: b, new_tokens: 2}]
 expect:
   dispatch:
-    - {step: 0, mode: FULL, bucket: BUCKET, descriptor: {num_tokens: 8}, num_reqs_padded: 3}
+    - {step: 0, mode: FULL, bucket: BUCKET, descriptor: {num_tokens: 8, num_reqs: 8}, num_reqs_padded: 3}
 """
 
 
@@ -108,7 +108,7 @@ def test_rows_pin_only_the_fields_the_file_names():
     (point,) = load_scenario_text(SCENARIO.replace("BUCKET", "8"))
     (row,) = dispatch_rows(point.scenario)
     assert set(row) == {"step", "rank", "for_mode", "index", "mode", "bucket", "descriptor", "num_reqs_padded"}
-    assert row["descriptor"] == {"num_tokens": 8, "num_reqs": None, "uniform_decode": False}
+    assert row["descriptor"] == {"num_tokens": 8, "num_reqs": 8, "uniform_decode": False}
 
 
 @pytest.mark.parametrize("bad, message", [
