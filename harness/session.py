@@ -131,7 +131,7 @@ def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[Pipe
     sizes, budget = capture_sizes(scenario, features)
     fixes = Fixes(host_param_update=scenario.fixes.host_param_update, static_inputs=scenario.fixes.static_inputs)
     graph = GraphConfig(parse_mode(g.mode), tuple(sizes), g.max_num_seqs, q, g.warmup_runs,
-                        scenario.fixes.fia_padding, fixes)
+                        scenario.fixes.fia_padding, fixes, g.debug_input_addresses)
     if w.requests is not None:
         plans: list[RequestPlan] = []
         for request in w.requests:

@@ -56,6 +56,7 @@ class GraphConfig:
     warmup_runs: int = 1
     fia_padding: bool = True  # dummy requests so actual_seq_lengths[-1] == T (PR #6475)
     fixes: Fixes = Fixes()
+    debug_input_addresses: bool = False  # the graph wrappers' debug check (VLLM_LOGGING_LEVEL=DEBUG)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
     g = spec.graph
     runner = GraphRunner(engine, model, paths["graph"].kv_cache,
                          RunnerConfig(max(g.capture_sizes), g.max_num_seqs, spec.max_blocks_per_req, g.warmup_runs,
-                                      g.fixes), style)
+                                      g.fixes, g.mode, g.debug_input_addresses), style)
     eager = {"reference": EagerRunner(reference_model, paths["reference"].kv_cache),
              "padded": EagerRunner(model, paths["padded"].kv_cache, style)}
     with observe_fia_calls() as calls, fia_contract(spec.fia_contract):  # type: ignore[arg-type]
