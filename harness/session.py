@@ -33,7 +33,7 @@ from harness.graph.shape import SINGLE_RANK, RankContext
 from harness.model import DecoderLM, ModelConfig
 from harness.model.parallel import ParallelContext
 from harness.ranks import run_ranks
-from harness.ops import set_native_impl
+from harness.ops import set_native_impl, set_native_paged_attention
 from harness.scenario import Scenario, ScenarioPoint
 from harness.scenario.bounds import MAX_WORLD_SIZE
 from harness.scenario.limits import rank_timeout
@@ -258,8 +258,7 @@ def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK) -
     """One rank's whole job: build, run the pipeline, check."""
     spec, sizes, budget = build_spec(scenario, ctx)
     engine = load(backend)
-    if engine.capabilities.native_attention is not None:
-        set_native_impl(*engine.capabilities.native_attention())  # the device's FIA, host check included
+    install_native_ops(engine)
     record = RunRecord(scenario.graph.mode, backend, sizes, budget=budget)
     per_group = 1 if scenario.engine.hccl_mode == "AIV" else 2
     engine.reset_device(StreamConfig(scenario.engine.stream_pool, scenario.engine.streams_per_graph, per_group))
@@ -271,6 +270,14 @@ def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK) -
     checks = run_checks(record, contract=scenario.fia_contract, dtype=scenario.model.dtype,
                         bitwise_replay=engine.capabilities.bitwise_replay, tolerance=tolerance)
     return record, checks
+
+
+def install_native_ops(engine: Any) -> None:
+    """Route harness.ops to the engine's own kernels (torch_npu's FIA and paged attention, host
+    checks included), or back to the CPU reference where the engine has none."""
+    caps = engine.capabilities
+    set_native_impl(*(caps.native_attention() if caps.native_attention else (None, None, None)))
+    set_native_paged_attention(*(caps.native_paged_attention() if caps.native_paged_attention else (None, None)))
 
 
 def _rank_model(ctx: RankContext):
