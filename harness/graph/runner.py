@@ -203,18 +203,28 @@ class GraphRunner:
                 task = capture_task_group(self.engine, query, key_cache, value_cache, kwargs)
             self.layer_tasks.setdefault(context.batch_descriptor, []).append(task)
             return style.combine(task.out, task.lse) if style.combine else task.out
+        between = mode is CUDAGraphMode.PIECEWISE
+        if between and self.monitor.enabled:
+            # The capturing forward of a PIECEWISE key: the next piece's graph captures this
+            # buffer's address, not its contents, and the warm-up runs already ran this
+            # attention eagerly on the same batch. Skipping the kernel here keeps a 40-layer
+            # capture phase cheap (the CPU reference FIA is the costly part).
+            return self._attention_buffer(context.batch_descriptor, layer, query)
         # Eager: NONE, between PIECEWISE pieces, or (known-bad) FIA frozen into a FULL capture
         # with no way to update its host lists.
-        between = mode is CUDAGraphMode.PIECEWISE
-        tags = {"phase": "between-pieces"} if between and not self.monitor.enabled else {}  # not in capture()
-        with fia_call_tags(layer=layer, **tags):
+        with fia_call_tags(layer=layer, **({"phase": "between-pieces"} if between else {})):
             out = attend_eager(query, key_cache, value_cache, kwargs, style)
         if not between:
             return out
-        buffers = self.attn_outputs.setdefault(context.batch_descriptor, [])
-        if len(buffers) <= layer:  # first run of this key (its capture): the buffer the graph reads
-            buffers.append(torch.empty_like(out))
-        buffers[layer].copy_(out)
+        buffer = self._attention_buffer(context.batch_descriptor, layer, out)
+        buffer.copy_(out)
+        return buffer
+
+    def _attention_buffer(self, key: BatchDescriptor, layer: int, like: Tensor) -> Tensor:
+        """The static attention output of ``layer`` for PIECEWISE ``key``: the next piece's input."""
+        buffers = self.attn_outputs.setdefault(key, [])
+        if len(buffers) <= layer:  # made by the key's capture, in layer order
+            buffers.append(torch.zeros_like(like))
         return buffers[layer]
 
     # -- capture -----------------------------------------------------------------------------
