@@ -5,7 +5,9 @@
 Prints the file sizes, the bytes per scenario item, and for the JSON the share of each part of
 an item's record (checks, steps, texts, scenario, ...), so a record that grows shows where.
 Used for the figures in the README's "Nightly CI and triage" section (before and after
-results v2, on the same selection: `pytest scenarios/ --mode=FULL -n 2`).
+results v2, on the same selection: `pytest scenarios/ --mode=FULL -n 2`); the bytes of each
+part are counted compact, as the results file writes them. `benchmarks/report.py --sizes`
+gives the bytes per item by outcome.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from pathlib import Path
 
 
 def _size(value) -> int:
-    return len(json.dumps(value, indent=1, default=str))
+    # as the results file writes a record: compact, one line per item (harness.report.results)
+    return len(json.dumps(value, separators=(",", ":"), default=str))
 
 
 def main(argv: list[str]) -> int:

@@ -16,6 +16,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.stacks import DEFAULT_STACK, stack_names
+
 
 def _schema(args: argparse.Namespace) -> int:
     from harness.scenario.__main__ import main
@@ -57,6 +59,10 @@ def _narrow(args: argparse.Namespace) -> int:
     try:
         path, item = split_target(args.target)
         point = find_point(path, item)
+        if args.stack and point.scenario.stack is None:  # as --stack under pytest; the minimal YAML keeps it
+            from dataclasses import replace
+
+            point = replace(point, scenario=point.scenario.model_copy(update={"stack": args.stack}))
         say = None if args.quiet else (lambda line: print(f"  {line}", flush=True))
         if say:
             print(f"narrowing {args.target} ({point.scenario.graph.mode}, backend {args.backend})", flush=True)
@@ -105,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     narrow.add_argument("target", metavar="FILE.yaml::ITEM")
     narrow.add_argument("--backend", default="auto", choices=("emulated", "npu", "cuda", "auto"))
     narrow.add_argument("--fia-contract", default=None, choices=("strict", "relaxed"))
+    narrow.add_argument("--stack", default=None, choices=stack_names(),
+                        help=f"the release the item models when its file names none (default {DEFAULT_STACK})")
     narrow.add_argument("--check", default=None, help="the check that must keep failing (default: the first failing)")
     narrow.add_argument("--max-trials", type=int, default=40, metavar="N", help="trial budget (default 40)")
     narrow.add_argument("--output-dir", default="reports", metavar="DIR", help="where the minimal YAML goes")

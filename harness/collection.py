@@ -12,6 +12,7 @@ package stays pure and imports it only from its command line.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +62,11 @@ def names_a_mode(path: str | Path) -> bool:
 
 
 def collect_points(path: str | Path, modes: list[str] | None = None,
-                   combinations: Any = None) -> list[tuple[str, ScenarioPoint]]:
+                   combinations: Any = None, stack: str | None = None) -> list[tuple[str, ScenarioPoint]]:
     """``(item id, point)`` for every item of the file: the matrix id, plus the mode when the
     file names none and ``modes`` expands it; ``combinations`` selects matrix points (see
-    :func:`harness.scenario.load_scenario_file`). Raises :class:`ScenarioError` for the file."""
+    :func:`harness.scenario.load_scenario_file`); ``stack`` (``--stack``) is set on every point
+    that names no stack of its own. Raises :class:`ScenarioError` for the file."""
     runs: list[tuple[str | None, dict[str, Any]]] = [(None, {})]
     if modes and not names_a_mode(path):
         runs = [(mode, {"graph.mode": mode}) for mode in modes]
@@ -73,6 +75,8 @@ def collect_points(path: str | Path, modes: list[str] | None = None,
         for point in load_scenario_file(path, overrides=overrides or None, combinations=combinations):
             if modes and point.scenario.graph.mode not in modes:
                 continue
+            if stack is not None and point.scenario.stack is None:
+                point = dataclasses.replace(point, scenario=point.scenario.model_copy(update={"stack": stack}))
             preflight_point(path, point)
             items.append(("-".join(part for part in (point.id, mode) if part), point))
     return items

@@ -42,8 +42,10 @@ def register_markers(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{SLOW_MARKER}: long-running scenario kinds (deselect with -m 'not slow')")
 
 
-def combinations(config: pytest.Config, path: Path, modes: list[str] | None) -> Combinations | None:
-    """The point selection for this file, or None for the loader's full expansion."""
+def combinations(config: pytest.Config, path: Path, modes: list[str] | None,
+                 stack: str | None = None) -> Combinations | None:
+    """The point selection for this file, or None for the loader's full expansion. ``stack``
+    (``--stack``) is what a point that names no stack is judged under."""
     if not _declares_pairwise(path):
         return None
     how = config.getoption("--matrix") or "pairwise"
@@ -52,7 +54,10 @@ def combinations(config: pytest.Config, path: Path, modes: list[str] | None) -> 
         restrict = None
         if modes and "graph.mode" in matrix:  # cover pairs within the run's modes
             restrict = {"graph.mode": [v for v in matrix["graph.mode"] if _mode(v) in modes]}
-        return select(matrix, excludes, how=how, restrict=restrict, unsupported=unsupported)
+        def judged(point: dict[str, Any]) -> str | None:
+            return unsupported({"stack": stack, **point} if stack and "stack" not in point else point)
+
+        return select(matrix, excludes, how=how, restrict=restrict, unsupported=judged)
 
     return chosen
 

@@ -20,8 +20,9 @@ from harness.collection import collect_points, parse_modes
 from harness import pytest_matrix
 from harness.engine import BACKENDS
 from harness.report.record import report_record
-from harness.report.results import attach_record, item_record, metrics, write_results
+from harness.report.results import EVIDENCE_CHOICES, attach_record, item_record, metrics, write_results
 from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, locate
+from harness.stacks import DEFAULT_STACK, stack_names
 
 SCENARIO_DIR = "scenarios"
 _results_key = pytest.StashKey[list]()
@@ -40,6 +41,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="override every scenario's FIA host contract")
     group.addoption("--results-json", default=None, metavar="PATH",
                     help=f"JSON results file (default {DEFAULT_RESULTS_JSON} when scenarios run)")
+    group.addoption("--report-evidence", default="failures", choices=EVIDENCE_CHOICES,
+                    help="per-step dispatch, texts and evidence tables in the JSON and HTML reports: for "
+                         "failing and known-bad items (failures, the default; passing items keep verdict, "
+                         "check summaries and metrics) or for every item (all)")
+    group.addoption("--stack", default=None, choices=stack_names(),
+                    help=f"the release every scenario that names no `stack:` models (default {DEFAULT_STACK}, "
+                         "the newest); a scenario's own stack is kept: its expect was written for it")
     pytest_matrix.add_options(group)
 
 
@@ -108,8 +116,9 @@ class ScenarioFile(pytest.File):
 
     def collect(self):
         modes = selected_modes(self.config)
-        chosen = pytest_matrix.combinations(self.config, self.path, modes)
-        for suffix, point in collect_points(self.path, modes, combinations=chosen):
+        stack = self.config.getoption("--stack")
+        chosen = pytest_matrix.combinations(self.config, self.path, modes, stack)
+        for suffix, point in collect_points(self.path, modes, combinations=chosen, stack=stack):
             name = f"{point.name}[{suffix}]" if suffix else point.name
             yield ScenarioItem.from_parent(self, name=name, point=point, **_node_id(self, point.name, suffix))
 
@@ -158,8 +167,10 @@ class ScenarioItem(pytest.Item):
 
         backend = self.config.getoption("--backend")
         started = time.time()
-        result = run_point(self.point, backend=backend, fia_contract=self.config.getoption("--fia-contract"))
-        self.record = item_record(result, nodeid=self.nodeid, started=started, root=self.config.rootpath)
+        result = run_point(self.point, backend=backend, fia_contract=self.config.getoption("--fia-contract"),
+                           stack=self.config.getoption("--stack"))
+        self.record = item_record(result, nodeid=self.nodeid, started=started, root=self.config.rootpath,
+                                  evidence=self.config.getoption("--report-evidence"))
         self.user_properties.extend(metrics(self.record))  # junit: the small metrics only
         if result.outcome == XFAILED:
             pytest.xfail(result.verdict)
@@ -262,4 +273,5 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 def pytest_report_header(config: pytest.Config) -> str:
     from harness.engine import resolve
 
-    return f"graph-harness: backend {resolve(config.getoption('--backend'))}, modes {selected_modes(config) or 'as declared'}"
+    return (f"graph-harness: backend {resolve(config.getoption('--backend'))}, modes {selected_modes(config) or 'as declared'}, "
+            f"stack {config.getoption('--stack') or DEFAULT_STACK}")

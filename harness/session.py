@@ -18,12 +18,12 @@ import torch
 
 import harness
 from harness.checks import CHECKS, EXECUTION, CheckResult, run_checks
-from harness.engine import StreamConfig, UnsupportedOnBackend, load, resolve
+from harness.engine import DeviceRules, StreamConfig, UnsupportedOnBackend, load, resolve
 from harness import features as registry
 from harness.features import Feature, active_features
 from harness.features.layout import axis_sizes, describe, rank_context
-from harness.graph.capture_sizes import resolve_capture_sizes
-from harness.graph.modes import parse_mode
+from harness.graph.capture_sizes import EngineRefusal, SizeResolution, resolve_sizes
+from harness.graph.modes import CUDAGraphMode, parse_mode
 from harness.graph.pipeline import GraphConfig, PipelineSpec, Workload, run_pipeline
 from harness.graph.record import ErrorCategory, PathError, RunRecord
 from harness.graph.runner import Fixes
@@ -37,6 +37,7 @@ from harness.ops import set_native_impl, set_native_paged_attention
 from harness.scenario import Scenario, ScenarioPoint
 from harness.scenario.bounds import MAX_WORLD_SIZE
 from harness.scenario.limits import rank_timeout
+from harness.stacks import StackProfile, profile
 
 #: Outcomes, in pytest's vocabulary.
 PASSED, FAILED, XFAILED, SKIPPED = "passed", "failed", "xfailed", "skipped"
@@ -109,17 +110,36 @@ def model_config(scenario: Scenario) -> ModelConfig:
                        max_model_len=m.max_model_len)
 
 
-def capture_sizes(scenario: Scenario, features: list[Feature]) -> tuple[list[int], dict[str, Any]]:
+def stack_of(scenario: Scenario) -> StackProfile:
+    """The version profile the scenario models (its ``stack``, else the newest release)."""
+    return profile(scenario.stack)
+
+
+def size_resolution(scenario: Scenario, features: list[Feature]) -> SizeResolution:
     """The capture sizes of a run, composed once from the base rule and every active feature's
-    constraints (graph.capture_sizes), then the stream-budget policy (with its decision).
-    Preflight and the run both call this, so what passes preflight is what runs."""
-    g = scenario.graph
-    sizes = resolve_capture_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform,
-                                  num_speculative_tokens=registry.uniform_decode_query_len(features) - 1,
-                                  capture_sizes=g.capture_sizes, max_capture_size=g.max_capture_size,
-                                  max_num_batched_tokens=scenario.workload.max_num_batched_tokens,
-                                  constraints=registry.size_constraints(features))
-    budget = stream_budget(scenario.engine.budget_policy, sizes, **_legacy_inputs(scenario, features))
+    constraints under the scenario's stack (graph.capture_sizes), with the engine's warnings."""
+    g, stack = scenario.graph, stack_of(scenario)
+    return resolve_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform,
+                         num_speculative_tokens=registry.uniform_decode_query_len(features) - 1,
+                         capture_sizes=g.capture_sizes, max_capture_size=g.max_capture_size,
+                         max_num_batched_tokens=scenario.workload.max_num_batched_tokens,
+                         constraints=registry.size_constraints(features),
+                         decode_full=parse_mode(g.mode).decode_mode() is CUDAGraphMode.FULL,
+                         spec_sp_multiple=stack.spec_sp_multiple,
+                         capture_max_num_batched_tokens=stack.capture_max_num_batched_tokens,
+                         capture_max_num_seqs=stack.capture_max_num_seqs)
+
+
+def budget_policy(scenario: Scenario) -> str:
+    """The scenario's own ``engine.budget_policy``, else its stack's."""
+    return scenario.engine.budget_policy or stack_of(scenario).budget_policy
+
+
+def capture_sizes(scenario: Scenario, features: list[Feature]) -> tuple[list[int], dict[str, Any]]:
+    """The capture sizes of a run (:func:`size_resolution`), then the stream-budget policy (with
+    its decision). Preflight and the run both call this, so what passes preflight is what runs."""
+    sizes = size_resolution(scenario, features).sizes
+    budget = stream_budget(budget_policy(scenario), sizes, **_legacy_inputs(scenario, features))
     return budget.sizes_kept, asdict(budget)
 
 
@@ -130,8 +150,11 @@ def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[Pipe
     q = registry.uniform_decode_query_len(features)
     sizes, budget = capture_sizes(scenario, features)
     fixes = Fixes(host_param_update=scenario.fixes.host_param_update, static_inputs=scenario.fixes.static_inputs)
+    stack = stack_of(scenario)
     graph = GraphConfig(parse_mode(g.mode), tuple(sizes), g.max_num_seqs, q, g.warmup_runs,
-                        scenario.fixes.fia_padding, fixes, g.debug_input_addresses)
+                        scenario.fixes.fia_padding, fixes, mixed_full_key_num_reqs=stack.mixed_full_key_num_reqs,
+                        pad_requests_without_full=stack.pad_requests_without_full,
+                        debug_input_addresses=g.debug_input_addresses)
     if w.requests is not None:
         plans: list[RequestPlan] = []
         for request in w.requests:
@@ -153,7 +176,7 @@ def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[Pipe
 
 def _legacy_inputs(scenario: Scenario, features: list[Feature]) -> dict[str, Any]:
     """What the legacy budget formula of vLLM Ascend reads from a deployment (features add theirs)."""
-    if scenario.engine.budget_policy != "legacy":
+    if budget_policy(scenario) != "legacy":
         return {}
     return dict(num_layers=scenario.model.layers, mode=parse_mode(scenario.graph.mode),
                 hccl_mode=scenario.engine.hccl_mode, **registry.budget_inputs(features))
@@ -185,11 +208,16 @@ def _ordered(names) -> list[str]:
     return sorted(names, key=order.index)
 
 
-def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str | None = None) -> ItemResult:
-    """Run ``point``; never raises for a scenario's own failure (that is the result)."""
+def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str | None = None,
+              stack: str | None = None) -> ItemResult:
+    """Run ``point``; never raises for a scenario's own failure (that is the result).
+
+    ``stack`` is the version profile of a scenario that names none (``--stack``)."""
     scenario = point.scenario
     if fia_contract is not None:
         scenario = scenario.model_copy(update={"fia_contract": fia_contract})
+    if stack is not None and scenario.stack is None:
+        scenario = scenario.model_copy(update={"stack": profile(stack).name})
     resolved = resolve(backend)
     result = ItemResult(point.name, point.id, f"{point.source.path}:{point.source.line}",
                         scenario.model_dump(mode="json"), resolved, SKIPPED, "")
@@ -245,8 +273,11 @@ def preflight(scenario: Scenario) -> tuple[str, str] | None:
         return (f"model.{named}" if named else "model"), str(error)
     try:
         capture_sizes(scenario, features)
+    except EngineRefusal:
+        return None  # not a bad file: the point is skipped with the engine's reason (unsupported_reason)
     except ValueError as error:
-        return "graph.capture_sizes", str(error)
+        field = "graph.max_capture_size" if "max_cudagraph_capture_size" in str(error) else "graph.capture_sizes"
+        return field, str(error)
     return None
 
 
@@ -260,8 +291,12 @@ def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK) -
     engine = load(backend)
     install_native_ops(engine)
     record = RunRecord(scenario.graph.mode, backend, sizes, budget=budget)
+    stack = stack_of(scenario)
+    record.notes.append(f"stack {stack.name}: {stack.summary}")
+    record.notes.extend(size_resolution(scenario, scenario_features(scenario)).notes)
     per_group = 1 if scenario.engine.hccl_mode == "AIV" else 2
-    engine.reset_device(StreamConfig(scenario.engine.stream_pool, scenario.engine.streams_per_graph, per_group))
+    engine.reset_device(StreamConfig(scenario.engine.stream_pool, scenario.engine.streams_per_graph, per_group),
+                        device_rules(stack))
     try:
         run_pipeline(spec, engine, record, ctx, rank_model=_rank_model(ctx))
     finally:
@@ -278,6 +313,13 @@ def install_native_ops(engine: Any) -> None:
     caps = engine.capabilities
     set_native_impl(*(caps.native_attention() if caps.native_attention else (None, None, None)))
     set_native_paged_attention(*(caps.native_paged_attention() if caps.native_paged_attention else (None, None)))
+
+
+def device_rules(stack: StackProfile) -> DeviceRules:
+    """The stack's torch_npu rules, as the engine's options (the engine knows no profiles)."""
+    return DeviceRules(rng_in_capture=stack.rng_in_capture,
+                       capture_survives_rejected_sync=stack.capture_survives_rejected_sync,
+                       generator_registration=stack.generator_registration)
 
 
 def _rank_model(ctx: RankContext):

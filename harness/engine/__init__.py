@@ -24,7 +24,7 @@ from .errors import (
     TaskUpdateError,
     UnsupportedOnBackend,
 )
-from .protocol import Capabilities, Engine, StreamConfig
+from .protocol import Capabilities, DeviceRules, Engine, StreamConfig
 
 BACKENDS = ("emulated", "npu", "cuda", "auto")
 
@@ -73,6 +73,6 @@ def load(name: str = "auto") -> Engine:
 
 
 __all__ = [
-    "BACKENDS", "Capabilities", "CaptureError", "Engine", "StreamConfig", "EngineError", "GraphHangError", "StreamBudgetError",
+    "BACKENDS", "Capabilities", "CaptureError", "DeviceRules", "Engine", "StreamConfig", "EngineError", "GraphHangError", "StreamBudgetError",
     "TaskUpdateError", "UnsupportedOnBackend", "load", "resolve",
 ]

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .errors import UnsupportedOnBackend
-from .protocol import Capabilities, StreamConfig
+from .protocol import Capabilities, DeviceRules, StreamConfig
 
 name = "cuda"
 device_type = "cuda"
@@ -108,9 +108,11 @@ def device_name() -> str:
     return torch.cuda.get_device_name()
 
 
-def reset_device(stream_config: StreamConfig | None = None) -> None:
+def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules | None = None) -> None:
     """Synchronize. CUDA has no fixed graph stream pool: a stream budget other than the default
-    cannot be honoured, so it is refused (the item is skipped with the reason)."""
+    cannot be honoured, so it is refused (the item is skipped with the reason).
+    ``rules`` (a stack's torch_npu rules) are the emulator's to follow: here the installed
+    runtime's own rules apply, and the device check compares the two."""
     torch.cuda.synchronize()
     if stream_config is not None and stream_config.pool_size != StreamConfig().pool_size:
         raise UnsupportedOnBackend(f"cuda: no graph stream pool to limit to {stream_config.pool_size} streams")

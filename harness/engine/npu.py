@@ -14,7 +14,7 @@ import torch
 import torch_npu  # noqa: F401  (registers torch.npu)
 
 from .errors import STREAM_EXHAUSTED_CODE, StreamBudgetError, UnsupportedOnBackend
-from .protocol import Capabilities, StreamConfig
+from .protocol import Capabilities, DeviceRules, StreamConfig
 
 
 def _native_attention():
@@ -83,9 +83,11 @@ def device_name() -> str:
     return torch.npu.get_device_name()
 
 
-def reset_device(stream_config: StreamConfig | None = None) -> None:
+def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules | None = None) -> None:
     """Synchronize; take the pool size the budget is reported against. How many streams a graph
-    and a communication group take is the runtime's, so a config that says otherwise is refused."""
+    and a communication group take is the runtime's, so a config that says otherwise is refused.
+    ``rules`` (a stack's torch_npu rules) are the emulator's to follow: here the installed
+    runtime's own rules apply, and the device check compares the two."""
     global _stream_pool_size
     torch.npu.synchronize()
     config = stream_config or StreamConfig()

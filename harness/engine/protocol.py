@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Protocol, runtime_checkable
 
-__all__ = ["Capabilities", "Engine", "StreamConfig"]
+__all__ = ["Capabilities", "DeviceRules", "Engine", "StreamConfig"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,27 @@ class StreamConfig:
     pool_size: int = 2048
     per_graph: int = 1
     per_comm_group: int = 2
+
+
+@dataclass(frozen=True)
+class DeviceRules:
+    """Graph-API rules that differ between torch_npu releases, for the emulator to follow.
+
+    * ``rng_in_capture``: a default ``NPUGraph`` capture accepts random ops (torch_npu commit
+      8b8d865aa, v2.11.0 and later); before, random ops fail the capture unless the graph was
+      made with ``allow_rng=True``;
+    * ``capture_survives_rejected_sync``: a host sync rejected during capture (``.item()``)
+      leaves the capture valid, so ``capture_end`` succeeds (commit 882896a6c, master and the
+      v2.12.0 branch); before, the rejection invalidates the capture;
+    * ``generator_registration``: ``"lazy"`` (commit 42c2f77d7) or ``"explicit"``.
+
+    Defaults are the emulator's historical rules. A native backend runs the installed
+    torch_npu, whose own rules apply whatever is asked here.
+    """
+
+    rng_in_capture: bool = False
+    capture_survives_rejected_sync: bool = False
+    generator_registration: str = "lazy"
 
 
 @dataclass(frozen=True)
@@ -59,7 +80,8 @@ class Engine(Protocol):
     def current_stream(self) -> Any: ...
     def stream(self, s: Any) -> ContextManager[Any]: ...
     def synchronize(self) -> None: ...
-    def reset_device(self, stream_config: StreamConfig | None = None) -> None: ...
+    def reset_device(self, stream_config: StreamConfig | None = None,
+                     rules: DeviceRules | None = None) -> None: ...
     def stream_usage(self) -> dict[str, Any]: ...
     def memory_report(self) -> dict[str, Any]: ...
     def device_name(self) -> str: ...

@@ -51,4 +51,22 @@ class SpeculativeDecoding(Feature):
     def unsupported(self, scenario: Mapping[str, Any]) -> str | None:
         if scenario.get("workload", {}).get("steps"):
             return "speculative decoding needs a request workload: explicit steps fix the token counts"
+        return self._engine_refusal(scenario)
+
+    def _engine_refusal(self, scenario: Mapping[str, Any]) -> str | None:
+        """With SP, a FULL decode routine and ``max(q, tp)`` not a common multiple, vLLM refuses to
+        start (``adjust_cudagraph_sizes_for_spec_decode``): the point cannot run on that stack.
+        Absent settings read as their defaults (graph mode FULL, tp 1, the default stack)."""
+        from harness.graph.capture_sizes import EngineRefusal, spec_decode_multiple
+        from harness.graph.modes import CUDAGraphMode, parse_mode
+        from harness.stacks import profile
+
+        tp = int((scenario.get("features", {}).get("sp") or {}).get("tp", 1))
+        mode = parse_mode(str((scenario.get("graph") or {}).get("mode", "FULL")))
+        if tp <= 1 or mode.decode_mode() is not CUDAGraphMode.FULL:
+            return None
+        try:
+            spec_decode_multiple(1 + self.k, tp, profile(scenario.get("stack")).spec_sp_multiple)
+        except EngineRefusal as refusal:
+            return f"the real engine refuses to start (unsupported by design): {refusal}"
         return None

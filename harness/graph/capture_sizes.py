@@ -2,17 +2,24 @@
 
 A captured graph freezes tensor shapes, so a serving engine captures one graph per
 *capture size* and rounds every batch's token count up to the nearest one. This module
-owns the rules that produce that list, in the order the engines apply them:
+owns the rules that produce that list, in the order the engines apply them (vLLM
+``VllmConfig._set_cudagraph_sizes``, then ``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``):
 
-1. an explicit list from the user, or the default grid up to a default (or user) max;
+1. an explicit list from the user, minus the sizes above ``max_num_batched_tokens``
+   (dropped, with a warning, never an error); or the default grid up to a default (or user)
+   max, plus the off-grid values some stacks add (``max_num_batched_tokens``, the decode
+   ceiling ``max_num_seqs * q``);
 2. every *keep* constraint (sequence parallel with ``tp > 1``: a size ``tp`` does not
-   divide cannot be split across the ranks): drop the sizes it does not divide;
-3. every *round-up* constraint (speculative decoding with ``q = 1 + k > 1``): round every
-   size up to a multiple of the lcm of **all** constraints (``lcm(q, tp)`` with SP), drop
-   what lands above the max, de-duplicate.
+   divide cannot be split across the ranks): drop the sizes it does not divide. A user max
+   that then differs from the list's largest size is an error when the list was given too;
+3. every *round-up* constraint (speculative decoding with ``q = 1 + k > 1``), only when the
+   decode routine is FULL: round every size up to a multiple (``max(q, tp)`` with SP, and
+   the engine refuses to start when that is not a common multiple; or, as a harness
+   alternative, ``lcm(q, tp)``), drop what lands above the max, de-duplicate.
 
 The constraints come from the active features (:class:`SizeConstraint`), so the same
-function (:func:`resolve_capture_sizes`) serves the preflight check and the run.
+function (:func:`resolve_sizes`) serves the preflight check and the run; its
+:class:`SizeResolution` keeps the warnings the engine would log.
 
 It also owns the O(1) lookup from a token count to its padded size
 (:class:`PaddedSizeTable`). Everything here is plain ints and lists so that the rules
@@ -24,23 +31,53 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = [
     "DEFAULT_MAX_CAPTURE_SIZE_CAP",
+    "EngineRefusal",
     "PaddedSizeTable",
     "Platform",
     "SizeConstraint",
+    "SizeResolution",
+    "SpecSpMultiple",
     "compose_constraints",
     "default_capture_sizes",
     "default_max_capture_size",
     "resolve_capture_sizes",
+    "resolve_sizes",
     "sizes_for_sequence_parallel",
     "sizes_for_spec_decode",
+    "spec_decode_multiple",
     "truncate_to_grid",
 ]
 
 Platform = Literal["npu", "gpu"]
+#: How spec decode's multiple meets SP's: upstream's ``max(q, tp)`` (refuses unless it is a
+#: common multiple) or the harness's ``lcm(q, tp)``.
+SpecSpMultiple = Literal["max", "lcm"]
+
+
+class EngineRefusal(Exception):
+    """The real engine refuses to start with this configuration (not a bad scenario file).
+
+    Not a ``ValueError`` on purpose: a bad input is a collection error naming the file, while
+    a configuration upstream rejects at start-up is a point that cannot run (a skip, with the
+    engine's own message as the reason).
+    """
+
+
+@dataclass(frozen=True)
+class SizeResolution:
+    """The final capture sizes and what the engine would have logged on the way.
+
+    ``dropped``: user sizes removed because they exceed ``max_num_batched_tokens``;
+    ``notes``: the warnings, worded after the engine's own (a report shows them).
+    """
+
+    sizes: list[int]
+    dropped: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -63,12 +100,19 @@ class SizeConstraint:
             raise ValueError(f"rule must be 'keep' or 'round_up', got {self.rule!r}")
 
 
-def compose_constraints(sizes: Sequence[int], constraints: Sequence[SizeConstraint]) -> list[int]:
-    """Apply every constraint at once: keep-filters first, then one round-up to the lcm of all.
+def compose_constraints(sizes: Sequence[int], constraints: Sequence[SizeConstraint], *,
+                        decode_full: bool = True, spec_sp_multiple: SpecSpMultiple = "max") -> list[int]:
+    """Apply every constraint: keep-filters first, then one round-up for all of them.
 
-    Rounding to the lcm of *all* multiples is what makes SP and spec decode compose: with
-    tp=2 and q=3 a size must be a multiple of 6, or a decode batch of whole requests cannot
-    be split across the TP ranks (``T=3 is not a multiple of tp=2`` at capture).
+    The round-up is spec decode's ``adjust_cudagraph_sizes_for_spec_decode``, which upstream
+    runs only when the decode routine is FULL (``decode_full``: FULL, FULL_DECODE_ONLY,
+    FULL_AND_PIECEWISE); PIECEWISE and NONE keep the sizes as they are. Its multiple, when a
+    keep-filter (SP's tp) is also active:
+
+    * ``"max"`` (upstream): ``max(q, tp)``; when that is not a multiple of both, the engine
+      refuses to start (:class:`EngineRefusal`, with vLLM's message);
+    * ``"lcm"`` (the harness's alternative): ``lcm(q, tp)``, which agrees with ``max``
+      whenever upstream starts, and composes where upstream refuses.
     """
     sizes = sorted(set(sizes))
     keep = [c for c in constraints if c.rule == "keep" and c.multiple > 1]
@@ -78,15 +122,42 @@ def compose_constraints(sizes: Sequence[int], constraints: Sequence[SizeConstrai
             raise ValueError(f"{c.source} leaves no capture size: none of {sizes} is divisible by "
                              f"{c.multiple}")
         sizes = kept
-    every = math.lcm(1, *(c.multiple for c in constraints))
-    if all(s % every == 0 for s in sizes):
+    round_up = [c for c in constraints if c.rule == "round_up" and c.multiple > 1]
+    if not round_up or not decode_full:
         return sizes
-    why = " and ".join(dict.fromkeys(c.source for c in constraints if c.multiple > 1))
+    q = math.lcm(*(c.multiple for c in round_up))
+    tp = math.lcm(1, *(c.multiple for c in keep))
+    multiple = spec_decode_multiple(q, tp, spec_sp_multiple)
+    if all(s % multiple == 0 for s in sizes):
+        return sizes
+    why = " and ".join(dict.fromkeys(c.source for c in (*keep, *round_up)))
     try:
-        return sizes_for_spec_decode(sizes, every, max(sizes))
+        return sizes_for_spec_decode(sizes, multiple, max(sizes))
     except ValueError:
-        raise ValueError(f"no capture size left after rounding {sizes} up to multiples of {every} "
+        raise ValueError(f"no capture size left after rounding {sizes} up to multiples of {multiple} "
                          f"({why}) within max {max(sizes)}") from None
+
+def spec_decode_multiple(q: int, tp: int, how: SpecSpMultiple = "max") -> int:
+    """What spec decode rounds capture sizes to, with SP's ``tp`` (1 without SP).
+
+    ``"max"`` is vLLM's ``adjust_cudagraph_sizes_for_spec_decode``: ``max(q, tp)``, and when that
+    is not a multiple of both the engine refuses to start (:class:`EngineRefusal`, vLLM's
+    message); ``"lcm"`` is the harness's alternative, ``lcm(q, tp)``.
+    """
+    _require_positive("q", q)
+    _require_positive("tp", tp)
+    if how == "lcm":
+        return math.lcm(q, tp)
+    if how != "max":
+        raise ValueError(f"spec_sp_multiple must be 'max' or 'lcm', got {how!r}")
+    multiple = max(q, tp)
+    if multiple % q or multiple % tp:
+        raise EngineRefusal(
+            f"Can't determine cudagraph shapes that are both a multiple of {q} (num_speculative_tokens + 1) "
+            f"required by spec-decode and {tp} (tensor_parallel_size) required by sequence parallelism "
+            "please adjust num_speculative_tokens or disable sequence parallelism")
+    return multiple
+
 
 #: Upper bound of the default max capture size (upstream vLLM and vLLM Ascend; data-centre
 #: Blackwell uses 1024 upstream, pass ``cap=1024`` for that).
@@ -185,9 +256,9 @@ def sizes_for_spec_decode(
     A uniform-decode graph holds ``num_reqs * q`` tokens; a bucket that ``q`` does not
     divide would route prefill-shaped batches into "decode" graphs (vLLM issue #28207).
     With sequence parallel (``tp > 1``) the multiple must also be divisible by ``tp``:
-    we use ``lcm(q, tp)``. (Upstream ``adjust_cudagraph_sizes_for_spec_decode`` uses
-    ``max(q, tp)`` and raises when that is not a common multiple; ``lcm`` agrees whenever
-    upstream does not raise.) Sizes rounded above ``max_size`` are dropped, duplicates
+    this low-level helper uses ``lcm(q, tp)``; the pipeline picks the multiple with
+    :func:`spec_decode_multiple` (upstream's ``max(q, tp)`` and refusal, or ``lcm``) and passes
+    it as ``q``. Sizes rounded above ``max_size`` are dropped, duplicates
     merged. If nothing is left but the multiple itself fits under ``max_size``, the
     multiple is kept (as upstream does); otherwise ``ValueError``.
     """
@@ -209,22 +280,16 @@ def sizes_for_spec_decode(
     return kept
 
 
-def _validate_explicit(sizes: Sequence[int], max_size: int | None) -> list[int]:
+def _validate_explicit(sizes: Sequence[int]) -> list[int]:
     if not sizes:
         raise ValueError("capture_sizes is empty: give at least one size or None")
     bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, int) or s < 1]
     if bad:
         raise ValueError(f"capture sizes must be positive ints, got {bad} in {list(sizes)}")
-    if max_size is not None:
-        above = sorted(s for s in sizes if s > max_size)
-        if above:
-            raise ValueError(
-                f"capture sizes {above} are above the max capture size {max_size}"
-            )
     return sorted(set(sizes))
 
 
-def resolve_capture_sizes(
+def resolve_sizes(
     *,
     max_num_seqs: int,
     platform: Platform = "npu",
@@ -236,23 +301,34 @@ def resolve_capture_sizes(
     sequence_parallel: bool = False,
     cap: int = DEFAULT_MAX_CAPTURE_SIZE_CAP,
     constraints: Sequence[SizeConstraint] = (),
-) -> list[int]:
-    """The final capture sizes, ascending: every rule of this module in order.
+    decode_full: bool = True,
+    spec_sp_multiple: SpecSpMultiple = "max",
+    capture_max_num_batched_tokens: bool = True,
+    capture_max_num_seqs: bool = False,
+) -> SizeResolution:
+    """The final capture sizes, ascending, with the warnings on the way: every rule in order.
 
-    1. Base list. Explicit ``capture_sizes``: validated (non-empty, positive, none above
-       ``max_capture_size`` or ``max_num_batched_tokens`` when given), de-duplicated.
-       Otherwise the default grid up to a max: the user's ``max_capture_size`` (clamped to
-       ``max_num_batched_tokens``, then truncated to the grid), or
-       :func:`default_max_capture_size` for ``platform``.
-    2. The constraints (:func:`compose_constraints`): ``constraints`` as the features
-       declare them, plus the ones the keyword arguments name: sequence parallel
-       (``sequence_parallel`` and ``tp > 1``) keeps multiples of ``tp``; speculative decoding
-       (``num_speculative_tokens > 0``) rounds up to multiples of ``q``. The result is a
-       multiple of the lcm of them all (``lcm(q, tp)`` with SP), within the max of the list
-       after the keep-filters. ``num_speculative_tokens`` also sizes the default max.
+    1. Base list. Explicit ``capture_sizes``: de-duplicated, and the sizes above
+       ``max_num_batched_tokens`` dropped (upstream logs "cudagraph_capture_sizes specified in
+       compilation_config ... is overridden by config ..."; nothing is left: ``ValueError``).
+       Otherwise the default grid up to a max: the user's ``max_capture_size`` or
+       :func:`default_max_capture_size` for ``platform``, clamped to ``max_num_batched_tokens``;
+       ``capture_max_num_batched_tokens`` (vLLM PR #40734) appends an off-grid
+       ``max_num_batched_tokens`` that is within that max (257 stays 257, not 256);
+       ``capture_max_num_seqs`` (vLLM Ascend PR #16623) appends the default decode ceiling
+       ``max_num_seqs * q`` when no user max is given.
+    2. The keep constraints (sequence parallel). Then the list's largest size is the max: a
+       user ``max_capture_size`` that differs from it is an error when ``capture_sizes`` was
+       given too (vLLM's "customized max_cudagraph_capture_size(=M) should be consistent with
+       the max value of cudagraph_capture_sizes(=N)"), else truncated with a warning.
+    3. The round-up constraints (speculative decoding), when ``decode_full``; see
+       :func:`compose_constraints` for ``spec_sp_multiple``. ``num_speculative_tokens`` also
+       sizes the default max.
 
-    Raises ``ValueError`` whenever a step leaves nothing, so a misconfiguration never
-    turns silently into "no graphs".
+    ``constraints`` are the features' own; ``sequence_parallel``/``tp`` and
+    ``num_speculative_tokens`` add SP's and spec decode's for callers without features.
+    Raises ``ValueError`` whenever a step leaves nothing (a misconfiguration never turns
+    silently into "no graphs"), and :class:`EngineRefusal` where the real engine would not start.
     """
     _require_positive("max_num_seqs", max_num_seqs)
     if num_speculative_tokens < 0:
@@ -262,20 +338,37 @@ def resolve_capture_sizes(
     if max_num_batched_tokens is not None:
         _require_positive("max_num_batched_tokens", max_num_batched_tokens)
 
-    limit = max_capture_size
-    if max_num_batched_tokens is not None:
-        limit = max_num_batched_tokens if limit is None else min(limit, max_num_batched_tokens)
-
+    notes: list[str] = []
+    dropped: list[int] = []
     if capture_sizes is not None:
-        sizes = _validate_explicit(capture_sizes, limit)
+        given = _validate_explicit(capture_sizes)
+        sizes = [s for s in given if max_num_batched_tokens is None or s <= max_num_batched_tokens]
+        dropped = [s for s in given if s not in sizes]
+        if dropped:
+            notes.append(f"cudagraph_capture_sizes {given} overridden by max_num_batched_tokens="
+                         f"{max_num_batched_tokens}: {dropped} dropped, {sizes} kept")
+        if not sizes:
+            raise ValueError(f"every capture size of {given} is above max_num_batched_tokens "
+                             f"{max_num_batched_tokens}: no graph would be captured")
     else:
         if max_capture_size is not None:
-            top = truncate_to_grid(limit if limit is not None else max_capture_size)
+            top = max_capture_size
         else:
-            top = default_max_capture_size(
-                max_num_seqs, num_speculative_tokens, platform, max_num_batched_tokens, cap
-            )
+            top = default_max_capture_size(max_num_seqs, num_speculative_tokens, platform, None, cap)
+        if max_num_batched_tokens is not None:
+            top = min(top, max_num_batched_tokens)
         sizes = default_capture_sizes(top)
+        extra: list[tuple[int, str]] = []
+        if capture_max_num_batched_tokens and max_num_batched_tokens is not None and max_num_batched_tokens <= top:
+            extra.append((max_num_batched_tokens, "max_num_batched_tokens"))
+        if capture_max_num_seqs and max_capture_size is None:
+            ceiling = max_num_seqs * (1 + num_speculative_tokens)
+            if ceiling <= top:
+                extra.append((ceiling, "the decode ceiling max_num_seqs * q"))
+        for size, what in extra:
+            if size not in sizes:
+                sizes = sorted({*sizes, size})
+                notes.append(f"{what} {size} is off the grid: added as a capture size")
 
     every = list(constraints)
     if sequence_parallel and tp > 1:
@@ -283,7 +376,19 @@ def resolve_capture_sizes(
     if num_speculative_tokens:
         q = 1 + num_speculative_tokens
         every.append(SizeConstraint(q, "round_up", f"speculative decoding with q={q}"))
-    return compose_constraints(sizes, every)
+    sizes = compose_constraints(sizes, [c for c in every if c.rule == "keep"])
+    if max_capture_size is not None and max_capture_size != sizes[-1]:
+        if capture_sizes is not None:
+            raise ValueError(f"customized max_cudagraph_capture_size(={max_capture_size}) should be consistent "
+                             f"with the max value of cudagraph_capture_sizes(={sizes[-1]})")
+        notes.append(f"Truncating max_cudagraph_capture_size {max_capture_size} to {sizes[-1]}")
+    sizes = compose_constraints(sizes, every, decode_full=decode_full, spec_sp_multiple=spec_sp_multiple)
+    return SizeResolution(sizes, dropped, notes)
+
+
+def resolve_capture_sizes(**kwargs: Any) -> list[int]:
+    """:func:`resolve_sizes` without the warnings: just the sizes."""
+    return resolve_sizes(**kwargs).sizes
 
 
 @dataclass(frozen=True)
@@ -300,7 +405,7 @@ class PaddedSizeTable:
     _table: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __init__(self, sizes: Sequence[int]) -> None:
-        clean = tuple(_validate_explicit(sizes, None))
+        clean = tuple(_validate_explicit(sizes))
         table: list[int] = []
         for size in clean:
             table.extend([size] * (size + 1 - len(table)))

@@ -34,9 +34,10 @@ __all__ = ["BatchDescriptor", "DispatchDecision", "Dispatcher", "is_uniform_deco
 class BatchDescriptor:
     """The key of one captured graph.
 
-    ``num_reqs`` is set only for uniform-decode keys: a full decode graph is captured for
-    exactly ``num_tokens // q`` requests, while a mixed graph (relaxed key) serves any
-    request count.
+    ``num_reqs`` is set for uniform-decode keys (a full decode graph is captured for exactly
+    ``num_tokens // q`` requests) and, on newer vLLM, for mixed FULL keys as
+    ``min(num_tokens, max_num_seqs)`` (PR #34043: the request count the graph was captured
+    with, no longer the batch's own); ``None`` is a relaxed key that serves any request count.
     """
 
     num_tokens: int
@@ -85,6 +86,7 @@ class Dispatcher:
         uniform_decode_query_len: int = 1,
         max_num_seqs: int | None = None,
         token_multiple: int = 1,
+        mixed_full_key_num_reqs: bool = False,
     ) -> None:
         if token_multiple < 1:
             raise ValueError(f"token_multiple must be >= 1, got {token_multiple}")
@@ -98,6 +100,8 @@ class Dispatcher:
         self.uniform_decode_query_len = uniform_decode_query_len
         self.max_num_seqs = max_num_seqs
         self.token_multiple = token_multiple
+        # vLLM after PR #34043: mixed FULL keys carry min(T, max_num_seqs) requests (a profile rule)
+        self.mixed_full_key_num_reqs = mixed_full_key_num_reqs
         self.table = PaddedSizeTable(capture_sizes)
         self.full_keys: frozenset[BatchDescriptor] = frozenset()
         self.piecewise_keys: frozenset[BatchDescriptor] = frozenset()
@@ -109,9 +113,10 @@ class Dispatcher:
         full: set[BatchDescriptor] = set()
         piecewise: set[BatchDescriptor] = set()
         mixed = self.mode.mixed_mode()
-        if mixed is not CUDAGraphMode.NONE:
-            target = full if mixed is CUDAGraphMode.FULL else piecewise
-            target.update(BatchDescriptor(size) for size in self.table.sizes)
+        if mixed is CUDAGraphMode.FULL:
+            full.update(self._mixed_full_key(size) for size in self.table.sizes)
+        elif mixed is CUDAGraphMode.PIECEWISE:
+            piecewise.update(BatchDescriptor(size) for size in self.table.sizes)
         if self.mode.separate_routine() and self.mode.decode_mode() is CUDAGraphMode.FULL:
             cap = None if self.max_num_seqs is None else self.max_num_seqs * q
             full.update(
@@ -121,6 +126,12 @@ class Dispatcher:
             )
         self.full_keys = frozenset(full)
         self.piecewise_keys = frozenset(piecewise)
+
+    def _mixed_full_key(self, size: int) -> BatchDescriptor:
+        """The key of the mixed-batch FULL graph of ``size`` tokens (pure FULL mode)."""
+        if self.mixed_full_key_num_reqs and self.max_num_seqs is not None:
+            return BatchDescriptor(size, min(size, self.max_num_seqs))
+        return BatchDescriptor(size)
 
     @property
     def capture_sizes(self) -> tuple[int, ...]:
@@ -186,9 +197,11 @@ class Dispatcher:
                 return DispatchDecision(
                     CUDAGraphMode.FULL, key, padded, f"exact FULL key for {padded} tokens"
                 )
-            if relaxed in self.full_keys:
+            mixed = self._mixed_full_key(padded)
+            if mixed in self.full_keys:  # a mixed batch's own key, or a uniform batch's fallback
+                how = "relaxed" if key.uniform_decode else "exact"
                 return DispatchDecision(
-                    CUDAGraphMode.FULL, relaxed, padded, f"relaxed FULL key for {padded} tokens"
+                    CUDAGraphMode.FULL, mixed, padded, f"{how} FULL key for {padded} tokens"
                 )
         if relaxed in self.piecewise_keys:
             return DispatchDecision(

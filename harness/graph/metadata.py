@@ -12,6 +12,12 @@ PR #6475, corrected by PR #7460):
 * padded/dummy requests get KV length 0 and a zero block-table row; padding tokens get
   slot ``-1`` (the cache write skips them) and position 0.
 
+vLLM Ascend pads the requests only where the attention sees every padded row: a FULL runtime,
+or sequence parallel (``model_runner_v1.py``: ``cudagraph_mode == FULL or (enable_sp() and not
+use_mla) and dcp_size == 1``). Everywhere else (PIECEWISE and NONE without SP) the lists stay
+unpadded and the attention slices the query to the real tokens, ``query[:actual_seq_lengths_q[-1]]``
+(``attention_v1.py``): :func:`slice_attention_metadata`, marked ``query_slice``.
+
 With the fix off, only the token-level lists are padded and ``actual_seq_lengths[-1] < T``:
 the known-bad metadata that the FIA contract check must catch.
 """
@@ -29,6 +35,7 @@ __all__ = [
     "ScheduledRequest",
     "build_attention_metadata",
     "pad_attention_metadata",
+    "slice_attention_metadata",
 ]
 
 #: Slot-mapping value for a token that must not be written to the KV cache.
@@ -82,6 +89,8 @@ class AttentionMetadata:
     positions: list[int]
     query_lens: list[int]
     padding_source: str = field(default="none")
+    #: the attention reads only the first ``actual_seq_lengths[-1]`` query rows (no padded request)
+    query_slice: bool = False
 
     @property
     def num_padding_tokens(self) -> int:
@@ -257,6 +266,27 @@ def pad_attention_metadata(
     )
     assert padded.actual_seq_lengths[-1] == padded.num_input_tokens, padded
     return padded
+
+
+def slice_attention_metadata(meta: AttentionMetadata, num_tokens_padded: int) -> AttentionMetadata:
+    """Pad the tokens to ``num_tokens_padded`` and leave the requests alone: the attention slices.
+
+    The non-FULL path of vLLM Ascend without SP: ``query_start_loc`` keeps the real requests, so
+    ``actual_seq_lengths[-1]`` is the real token count, and the attention runs on
+    ``query[:actual_seq_lengths[-1]]`` (the FIA host check then holds with no dummy request).
+    Padding tokens still get slot ``-1`` and position 0; their attention rows are zero.
+    """
+    if meta.num_input_tokens != meta.num_actual_tokens or meta.num_reqs_padded != meta.num_reqs:
+        raise ValueError("slice_attention_metadata takes unpadded metadata (pad once)")
+    pad = num_tokens_padded - meta.num_actual_tokens
+    if pad < 0:
+        raise ValueError(f"cannot pad {meta.num_actual_tokens} tokens down to {num_tokens_padded}")
+    if pad == 0:
+        return meta
+    return _replace(meta, num_input_tokens=num_tokens_padded, slot_mapping=meta.slot_mapping + [PAD_SLOT_ID] * pad,
+                    positions=meta.positions + [0] * pad, query_slice=True,
+                    padding_source=f"sliced: attention reads the first {meta.num_actual_tokens} of "
+                                   f"{num_tokens_padded} rows (no dummy request)")
 
 
 def _replace(meta: AttentionMetadata, **changes: object) -> AttentionMetadata:

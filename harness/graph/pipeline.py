@@ -56,6 +56,9 @@ class GraphConfig:
     warmup_runs: int = 1
     fia_padding: bool = True  # dummy requests so actual_seq_lengths[-1] == T (PR #6475)
     fixes: Fixes = Fixes()
+    # stack rules (harness.stacks), defaults = the newest release
+    mixed_full_key_num_reqs: bool = True  # mixed FULL keys carry min(T, max_num_seqs) (vLLM PR #34043)
+    pad_requests_without_full: bool = False  # True: a dummy request in PIECEWISE/NONE too (no real stack)
     debug_input_addresses: bool = False  # the graph wrappers' debug check (VLLM_LOGGING_LEVEL=DEBUG)
 
 
@@ -78,7 +81,7 @@ class PipelineSpec:
         g = self.graph
         return PlannerConfig(g.mode, g.capture_sizes, g.max_num_seqs, g.uniform_decode_query_len,
                              self.model.block_size, self.max_blocks_per_req, g.fia_padding,
-                             self.num_speculative_tokens)
+                             self.num_speculative_tokens, g.mixed_full_key_num_reqs, g.pad_requests_without_full)
 
 
 @dataclass

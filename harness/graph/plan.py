@@ -14,7 +14,8 @@ A plan is made in this order, and nothing is decided twice:
    features' token multiple, e.g. SP's tp);
 4. the metadata padded to the decision's token count (the FIA padding fix), minus the tokens
    of any feature whose fix is off (the known-bad pipeline), then each feature's view of it
-   for this rank (CP shards it);
+   for this rank (CP shards it). A non-FULL runtime without SP pads the tokens only: the
+   attention slices the query to the real ones (vLLM Ascend; ``metadata.slice_attention_metadata``);
 5. the padding ledger: who added how many tokens to T.
 
 The reference path (eager, unpadded) and an idle rank are plans of their own kind, not
@@ -35,6 +36,7 @@ from harness.graph.metadata import (
     ScheduledRequest,
     build_attention_metadata,
     pad_attention_metadata,
+    slice_attention_metadata,
 )
 from harness.graph.modes import CUDAGraphMode
 from harness.graph.scheduler import Step
@@ -109,6 +111,9 @@ class PlannerConfig:
     max_blocks_per_req: int
     fia_padding: bool = True  # the core fix: dummy requests so actual_seq_lengths[-1] == T
     num_speculative_tokens: int = 0
+    # stack rules (harness.stacks): mixed FULL keys carry num_reqs; every non-FULL batch pads requests
+    mixed_full_key_num_reqs: bool = True
+    pad_requests_without_full: bool = False
 
 
 class StepPlanner:
@@ -118,7 +123,12 @@ class StepPlanner:
         self.config, self.features, self.ctx = config, tuple(features), ctx
         multiple = math.lcm(1, *(f.token_multiple() for f in self.features))
         self.dispatcher = Dispatcher(config.mode, config.capture_sizes, config.uniform_decode_query_len,
-                                     config.max_num_seqs, token_multiple=multiple)
+                                     config.max_num_seqs, token_multiple=multiple,
+                                     mixed_full_key_num_reqs=config.mixed_full_key_num_reqs)
+        # vLLM Ascend pads the requests of a non-FULL batch only with SP and without CP (dcp)
+        split = any(f.token_multiple() > 1 for f in self.features)
+        cp = any(f.name == "cp" for f in self.features)
+        self.pads_without_full = config.pad_requests_without_full or (split and not cp)
 
     # -- what to capture ----------------------------------------------------------------------
     def capture_plans(self) -> list[tuple[CUDAGraphMode, BatchDescriptor, AttentionMetadata]]:
@@ -200,6 +210,8 @@ class StepPlanner:
         """Pad to T; tokens added by a feature whose fix is off are left out of the request lists."""
         cfg = self.config
         total = decision.num_tokens_padded
+        if decision.runtime_mode is not CUDAGraphMode.FULL and not self.pads_without_full:
+            return slice_attention_metadata(meta, total)  # the attention slices: no padded request
         unfixed = {f: n for f, n in added.items() if n and not f.fix_on}
         covered = total - sum(unfixed.values())
         padded = pad_attention_metadata(meta, covered, uniform_decode_query_len=cfg.uniform_decode_query_len,

@@ -81,9 +81,28 @@ def fia_attend(model: DecoderLM, meta: AttentionMetadata, block_table: Tensor,
     def attend(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
         with fia_call_tags(layer=layer):
             kwargs = fia_kwargs(heads, meta.actual_seq_lengths, meta.seq_lens, block_table, style)
-            return attend_eager(query, key_cache, value_cache, kwargs, style)
+            return attend_live(query, key_cache, value_cache, meta, kwargs, style)
 
     return attend
+
+
+def attend_live(query: Tensor, key_cache: Tensor, value_cache: Tensor, meta: AttentionMetadata,
+                kwargs: dict[str, Any], style: AttentionStyle) -> Tensor:
+    """One eager FIA call with the live host lists ``kwargs`` of ``meta``."""
+    if not meta.query_slice:
+        return attend_eager(query, key_cache, value_cache, kwargs, style)
+    # vLLM Ascend's non-FULL path: query[:actual_seq_lengths_q[-1]], padding rows left zero
+    real = meta.actual_seq_lengths[-1] if meta.actual_seq_lengths else 0
+    out = attend_eager(query[:real], key_cache, value_cache, kwargs, style)
+    return torch.cat([out, out.new_zeros((query.shape[0] - real, *out.shape[1:]))])
+
+
+@dataclass(frozen=True)
+class LiveAttention:
+    """What attention reads from the forward context: the step's metadata and FIA's arguments."""
+
+    meta: AttentionMetadata
+    kwargs: dict[str, Any]
 
 
 @dataclass
@@ -195,7 +214,8 @@ class GraphRunner:
         """Attention of ``layer`` as the forward context says: captured in a FULL graph's task
         group, or eager with the step's live host lists (into a PIECEWISE key's static buffer)."""
         context = get_forward_context()
-        kwargs = context.attn_metadata
+        live: LiveAttention = context.attn_metadata
+        kwargs = live.kwargs
         key_cache, value_cache = self.kv_cache.key_cache[layer], self.kv_cache.value_cache[layer]
         mode, style = context.runtime_mode, self.style
         if mode is CUDAGraphMode.FULL and context.capturing and self.config.fixes.host_param_update:
@@ -213,7 +233,7 @@ class GraphRunner:
         # Eager: NONE, between PIECEWISE pieces, or (known-bad) FIA frozen into a FULL capture
         # with no way to update its host lists.
         with fia_call_tags(layer=layer, **({"phase": "between-pieces"} if between else {})):
-            out = attend_eager(query, key_cache, value_cache, kwargs, style)
+            out = attend_live(query, key_cache, value_cache, live.meta, kwargs, style)
         if not between:
             return out
         buffer = self._attention_buffer(context.batch_descriptor, layer, out)
@@ -236,14 +256,14 @@ class GraphRunner:
             for runtime_mode, key, meta in plans:
                 inputs = StepInputs(meta, [0] * key.num_tokens)
                 self._write_static(inputs)
-                args, kwargs = self._static_args(meta), self._fia_kwargs(meta, self.block_table)
+                args, live = self._static_args(meta), self._live(meta, self.block_table)
                 with fia_call_tags(phase="warmup", bucket=key.num_tokens), \
-                        set_forward_context(CUDAGraphMode.NONE, None, kwargs):
+                        set_forward_context(CUDAGraphMode.NONE, None, live):
                     for _ in range(self.config.warmup_runs):
                         self.forward(*args)
                 with fia_call_tags(phase="capture", bucket=key.num_tokens, graph=str(runtime_mode)):
                     try:
-                        with set_forward_context(runtime_mode, key, kwargs):
+                        with set_forward_context(runtime_mode, key, live):
                             self.forward(*args)
                     except Exception as error:
                         self._log_streams(runtime_mode, key, needed=getattr(error, "needed", None), failed=True)
@@ -269,16 +289,16 @@ class GraphRunner:
             # Eager, through the wrappers (they pass it on): fresh tensors of the batch's own size.
             args = (torch.tensor(input_ids, dtype=torch.int64), torch.tensor(meta.positions, dtype=torch.int64),
                     torch.tensor(meta.slot_mapping, dtype=torch.int64))
-            with set_forward_context(CUDAGraphMode.NONE, None, self._fia_kwargs(meta, _block_table(meta))):
+            with set_forward_context(CUDAGraphMode.NONE, None, self._live(meta, _block_table(meta))):
                 logits = self.forward(*args)
             return logits[: meta.num_actual_tokens], None
         self._write_static(StepInputs(meta, input_ids))
         key, mode = decision.batch_descriptor, decision.runtime_mode
-        kwargs = self._fia_kwargs(meta, self.block_table)
-        with set_forward_context(mode, key, kwargs):
+        live = self._live(meta, self.block_table)
+        with set_forward_context(mode, key, live):
             logits = self.forward(*self._static_args(meta))  # a replay (the runnable is not called)
             if mode is CUDAGraphMode.FULL:
-                self._update_full_graph_params(key, kwargs)
+                self._update_full_graph_params(key, live.kwargs)
         self.engine.synchronize()
         executed = self._executed(self.full_wrapper.graph_of(key)) \
             if mode is CUDAGraphMode.FULL and self.full_wrapper is not None else None
@@ -294,8 +314,9 @@ class GraphRunner:
         with fia_call_tags(phase="update"):
             update_layers(self.engine, self.update_stream, tasks, caches, kwargs)
 
-    def _fia_kwargs(self, meta: AttentionMetadata, block_table: Tensor) -> dict[str, Any]:
-        return fia_kwargs(self.heads, meta.actual_seq_lengths, meta.seq_lens, block_table, self.style)
+    def _live(self, meta: AttentionMetadata, block_table: Tensor) -> LiveAttention:
+        return LiveAttention(meta, fia_kwargs(self.heads, meta.actual_seq_lengths, meta.seq_lens, block_table,
+                                              self.style))
 
     def _static_args(self, meta: AttentionMetadata) -> tuple[Tensor, Tensor, Tensor]:
         n = meta.num_input_tokens

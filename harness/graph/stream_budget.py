@@ -118,7 +118,7 @@ def legacy_stream_budget(
     Applies only to PIECEWISE and FULL_AND_PIECEWISE (the modes that capture piecewise
     graphs); FULL / FULL_DECODE_ONLY / NONE keep every size. With ``MAX = max_streams``:
 
-    * FULL_AND_PIECEWISE: ``MAX -= len(sizes)`` (its full decode graphs);
+    * FULL_AND_PIECEWISE: ``MAX = max(0, MAX - len(sizes))`` (its full decode graphs);
     * ``per_size = L + 1`` (``+ draft_layers + 1`` with a draft model);
     * ``g = (dp > 1) + (tp > 1)`` communication groups;
     * ``hccl_mode == "AIV"``: ``pf = 1 + g + expert_parallel + multistream_overlap``;
@@ -144,8 +144,10 @@ def legacy_stream_budget(
     steps: list[str] = [f"MAX={max_streams}"]
     budget = max_streams
     if mode is CUDAGraphMode.FULL_AND_PIECEWISE:
-        budget -= len(sizes)
-        steps.append(f"FULL_AND_PIECEWISE: MAX-={len(sizes)} full decode graphs -> {budget}")
+        # clamped at 0 (vLLM Ascend: max(0, MAX - len(sizes))): more sizes than streams leaves
+        # no budget, never a negative one
+        budget = max(0, budget - len(sizes))
+        steps.append(f"FULL_AND_PIECEWISE: MAX=max(0, MAX-{len(sizes)} full decode graphs) -> {budget}")
     per_size = num_layers + 1 + (draft_layers + 1 if draft_layers else 0)
     steps.append(
         f"per_size=L+1={num_layers + 1}"

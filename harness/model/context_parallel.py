@@ -313,7 +313,7 @@ def make_cp_attend(
     lists are read from ``per_rank_metadata`` at every call. ``fia`` defaults to
     ``harness.ops.npu_fused_infer_attention_score``.
 
-    ``gather``: ``"functional"`` (default) calls ``all_gather_tensor`` (out-of-place
+    ``gather``: ``"functional"`` (default) issues what ``all_gather_tensor`` does (out-of-place
     ``_c10d_functional::all_gather_into_tensor`` + ``wait_tensor``); ``"out"`` gathers into a
     buffer allocated here with ``_c10d_functional::all_gather_into_tensor_out`` +
     ``wait_tensor`` on that buffer. Same ops family, same arithmetic; they differ only in how
@@ -355,13 +355,14 @@ def cp_combine(out: Tensor, lse: Tensor, cp: int, group: Any, *, gather: str = "
         return out
     t, n, d = out.shape
     packed = torch.cat([out.float(), lse.float()], dim=-1)  # [T, N, D+1]: one collective
+    group_name = funcol._resolve_group_name(group)
     if gather == "out":  # into a buffer we own: the recorded wait is on that buffer
         gathered = packed.new_empty((cp * t, n, d + 1))
-        torch.ops._c10d_functional.all_gather_into_tensor_out(
-            packed, cp, funcol._resolve_group_name(group), out=gathered
-        )
+        torch.ops._c10d_functional.all_gather_into_tensor_out(packed, cp, group_name, out=gathered)
     else:
-        gathered = funcol.all_gather_tensor(packed, 0, group)  # [cp*T, N, D+1]
-    gathered = funcol.wait_tensor(gathered).view(cp, t, n, d + 1)
+        # The ops all_gather_tensor(packed, 0, group) issues, without its AsyncCollectiveTensor
+        # wrapper, whose eager path imports torch._dynamo (seconds per fresh rank).
+        gathered = torch.ops._c10d_functional.all_gather_into_tensor(packed, cp, group_name)  # [cp*T, N, D+1]
+    gathered = torch.ops._c10d_functional.wait_tensor(gathered).view(cp, t, n, d + 1)
     merged, _ = merge_attention_states(gathered[..., :d], gathered[..., d:])
     return merged.to(out.dtype)

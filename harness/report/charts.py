@@ -21,8 +21,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["step_tokens_svg", "streams_svg", "padding_waste_svg", "padding_by_bucket", "SOURCE_COLOURS",
-           "safely"]
+__all__ = ["step_tokens_svg", "streams_svg", "padding_waste_svg", "padding_by_bucket", "step_padding",
+           "SOURCE_COLOURS", "safely"]
 
 #: One colour per ledger source, the same in every chart (real work is blue, padding warm).
 SOURCE_COLOURS = {"real": "#4c78a8", "bucket": "#f58518", "sp": "#e45756", "dp": "#b279a2",
@@ -141,20 +141,41 @@ def streams_svg(by_bucket: Sequence[Mapping], pool: Any, *, salt: str = "") -> s
     return _svg(fig, f"streams-{salt}")
 
 
+def step_padding(steps: Iterable[Mapping]) -> dict[str, dict[str, float]]:
+    """Per bucket (a string: a JSON key), over the steps that replayed a graph: how many
+    steps, and the tokens of each padding-ledger source. Every item record keeps this
+    (``run.padding``), so the run's chart needs no per-step data of a passing item."""
+    table: dict[int, dict[str, float]] = {}
+    for step in steps or []:
+        if not isinstance(step, Mapping) or step.get("runtime_mode") in (None, "NONE"):
+            continue
+        bucket, ledger = step.get("num_tokens_padded"), step.get("ledger")
+        if not isinstance(bucket, int) or not isinstance(ledger, Mapping):
+            continue
+        entry = table.setdefault(bucket, {"steps": 0})
+        entry["steps"] += 1
+        for source, tokens in ledger.items():
+            if isinstance(tokens, (int, float)):
+                entry[source] = entry.get(source, 0) + tokens
+    return {str(bucket): entry for bucket, entry in sorted(table.items())}
+
+
 def padding_by_bucket(records: Iterable[Mapping]) -> dict[int, dict[str, float]]:
-    """Per bucket, over every step that replayed a graph: tokens by ledger source, and steps."""
+    """Per bucket over a run: :func:`step_padding` of every item, added up (an older record
+    without ``run.padding`` is summed from its steps)."""
     table: dict[int, dict[str, float]] = {}
     for record in records:
         run = record.get("run") if isinstance(record, Mapping) else None
-        for step in (run.get("steps") if isinstance(run, Mapping) else None) or []:
-            if not isinstance(step, Mapping) or step.get("runtime_mode") in (None, "NONE"):
+        if not isinstance(run, Mapping):
+            continue
+        per_bucket = run.get("padding")
+        if not isinstance(per_bucket, Mapping):
+            per_bucket = step_padding(run.get("steps") or [])
+        for bucket, counts in per_bucket.items():
+            if not str(bucket).isdigit() or not isinstance(counts, Mapping):
                 continue
-            bucket, ledger = step.get("num_tokens_padded"), step.get("ledger")
-            if not isinstance(bucket, int) or not isinstance(ledger, Mapping):
-                continue
-            entry = table.setdefault(bucket, {"steps": 0})
-            entry["steps"] += 1
-            for source, tokens in ledger.items():
+            entry = table.setdefault(int(bucket), {})
+            for source, tokens in counts.items():
                 if isinstance(tokens, (int, float)):
                     entry[source] = entry.get(source, 0) + tokens
     return dict(sorted(table.items()))

@@ -13,10 +13,12 @@ has ``run == {}``; a skipped one no run).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import re
+import zlib
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -29,8 +31,8 @@ from harness.report import charts
 from harness.report.view import (EXPLAINED, FAIL, check_states, feature_label, first_failure,
                                  fixes_off, item_mode)
 
-__all__ = ["render_item", "render_page", "render_fragments", "row_values", "item_key", "fixes_sentence",
-           "TABLE_COLUMNS", "MAX_ROWS"]
+__all__ = ["render_item", "render_page", "render_fragments", "read_fragments", "row_values", "item_key",
+           "fixes_sentence", "TABLE_COLUMNS", "MAX_ROWS"]
 
 #: Rows of a violation / mismatch / stale table shown before an "N more" note.
 MAX_ROWS = 12
@@ -45,7 +47,7 @@ TABLE_COLUMNS = (("mode", "Mode"), ("features", "Features"), ("check", "Failed c
 _OUTCOME_LABEL = {"passed": "passed", "failed": "failed", "xfailed": "xfailed (known-bad, failed as expected)",
                   "skipped": "skipped"}
 _TEMPLATES = Path(__file__).with_name("templates")
-_SCRIPT_END = re.compile(r"<(/script|!--)", re.I)  # what could end or escape a script element
+_FRAGMENTS = re.compile(r'<script type="application/x-gh-fragments" id="gh-fragments"[^>]*>([^<]*)</script>')
 
 
 @lru_cache(maxsize=1)
@@ -307,7 +309,8 @@ def _scenario_yaml(record: Mapping) -> str:
         return json.dumps(scenario, indent=1, default=str)
 
 
-def _evidence(record: Mapping, states: list, first: Any, *, draw: bool, salt: str) -> list[dict]:
+def _evidence(record: Mapping, states: list, first: Any, *, draw: bool, salt: str,
+              summary: bool = False) -> list[dict]:
     """Evidence sections: the first failing check, the other failures, then explained ones."""
     checks = _dict(record.get("checks"))
     run = _dict(record.get("run"))
@@ -326,7 +329,8 @@ def _evidence(record: Mapping, states: list, first: Any, *, draw: bool, salt: st
         elif name == "equality":
             section = _equality(check, state)
         elif name == "stream_budget":
-            section = _budget(check, run, failing=state == FAIL, draw=draw, salt=salt)
+            # A passing item's check line already says graphs, streams and utilisation.
+            section = None if summary else _budget(check, run, failing=state == FAIL, draw=draw, salt=salt)
         elif name == "execution":
             section = _execution(check, run)
         else:
@@ -367,6 +371,7 @@ def render_item(record: Mapping, *, draw_charts: bool | None = None, salt: str =
     states = check_states(record)
     first = first_failure(record)
     failing = first is not None
+    summary = record.get("evidence") == "summary"  # a passing item's record: no per-step evidence
     duration = record.get("duration")
     context = {
         "outcome": outcome, "outcome_label": _OUTCOME_LABEL.get(outcome, outcome),
@@ -374,16 +379,18 @@ def render_item(record: Mapping, *, draw_charts: bool | None = None, salt: str =
         "mode": item_mode(record), "features": feature_label(record.get("scenario")),
         "backend": _text(record.get("backend")),
         "duration": f"{duration:.2f} s" if isinstance(duration, (int, float)) else None,
+        "summary": summary,
+        "capture_sizes": " ".join(_ints(run.get("capture_sizes"))) if summary and run.get("capture_sizes") else "",
         "first": first, "fixes": fixes_sentence(record) if failing else "",
         "has_run": bool(run), "checks": states,
         "step_chart": charts.safely(charts.step_tokens_svg, _list(run.get("steps")),
                                    failed_step=first.step if first else None, salt=salt) if draw else "",
-        "evidence": _evidence(record, states, first, draw=draw, salt=salt),
+        "evidence": _evidence(record, states, first, draw=draw, salt=salt, summary=summary),
         "texts": _texts(_dict(_dict(record.get("checks")).get("stale_params")), run, open_=failing),
         "step_rows": _steps(run, open_=failing),
         "notes": [str(n) for n in _list(run.get("notes"))],
         "traceback": record.get("traceback") or "",
-        "scenario_yaml": _scenario_yaml(record),
+        "scenario_yaml": "" if summary else _scenario_yaml(record),
     }
     return _environment().get_template("item.html.j2").render(context)
 
@@ -416,8 +423,14 @@ def _grid(records: list[Mapping]) -> dict:
     return {"combos": combos, "rows": rows}
 
 
-def render_page(records: list[Mapping]) -> str:
-    """What goes once at the top of the page: CSS, the outcome grid, the run's charts, filters."""
+def render_page(records: list[Mapping], *, media: bool = True) -> str:
+    """What goes once at the top of the page: CSS, the outcome grid, the run's charts, filters.
+
+    ``media``: whether any test of the run attached an image or a video. Without any, the
+    page's script drops the ``<video>`` element from pytest-html's row template before
+    pytest-html builds its rows: a thousand video elements, created again on every redraw,
+    were four fifths of the cost of opening a 1,000-item report and of each sort, filter
+    and click (pytest-html issue #684; figures in the README)."""
     records = [_dict(r) for r in records or []]
     outcomes: dict[str, int] = {}
     for record in records:
@@ -435,18 +448,30 @@ def render_page(records: list[Mapping]) -> str:
                                            "name": _text(peak[1].get("name"))},
         "checks": sorted({c for r in records for c in _list(r.get("failed_checks"))}),
         "modes": [mode for mode, _ in _grid(records)["rows"]],
+        "media": media,
     }
     return _environment().get_template("page.html.j2").render(context)
 
 
 def render_fragments(fragments: Mapping[str, str]) -> str:
-    """Every item's fragment once, as inert script text the page's script parses on demand.
+    """Every item's fragment once, compressed together, for the page's script to open on demand.
 
     pytest-html rebuilds its whole results table on every filter, sort and click; fragments
-    kept out of its data are parsed only when their row is open, so a 1,000-item page stays
-    fast. ``</script`` and ``<!--`` are escaped (the page's script reverses it) so that no
-    fragment can end its element early; autoescaping keeps them out of every value already.
+    kept out of its data are laid out only when their row is open, so a 1,000-item page stays
+    fast. They are one JSON object (key -> HTML), deflated and base64-encoded: the fragments
+    of a run repeat each other (the same tables, check names and summaries), so together they
+    compress about fourteenfold (a passing item's about thirtyfold), and base64 text can never
+    end its script element. The page's script inflates them once (``DecompressionStream``, in
+    every current browser); :func:`read_fragments` does the same in Python.
     """
-    env = _environment()
-    return env.get_template("fragments.html.j2").render(
-        fragments=[(key, _SCRIPT_END.sub(r"<\\\1", html)) for key, html in fragments.items()])
+    payload = json.dumps(dict(fragments), separators=(",", ":")).encode()
+    data = base64.b64encode(zlib.compress(payload, 9)).decode("ascii")
+    return _environment().get_template("fragments.html.j2").render(data=data, count=len(fragments))
+
+
+def read_fragments(page: str) -> dict[str, str]:
+    """The fragments of a written page, key -> HTML (for tests and benchmarks)."""
+    match = _FRAGMENTS.search(page)
+    if match is None:
+        return {}
+    return json.loads(zlib.decompress(base64.b64decode(match.group(1))))

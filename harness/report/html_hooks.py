@@ -2,10 +2,13 @@
 
 Registered by :mod:`harness.pytest_plugin` only when pytest-html is installed. The fragment of
 an item is rendered where the item ran (an xdist worker renders its own, in parallel) and
-travels with the test report as an attribute; pytest-html's own per-item data gets only a
-stub that names the fragment, and the page carries every fragment once, as script text that
-the page's script parses when a row is opened (:func:`harness.report.html.render_fragments`).
-That keeps pytest-html's table, which it rebuilds on every sort, filter and click, small.
+travels with the test report as an attribute; pytest-html's own per-item data gets none of
+it, only the fragment's key on the row's Mode cell, and the page carries every fragment once,
+in one compressed store that the page's script opens when a row is opened
+(:func:`harness.report.html.render_fragments`). That keeps pytest-html's table, which it
+rebuilds on every sort, filter and click, small. A passed item's log ("No log output
+captured", or what a passing test printed) and a skipped scenario item's (its reason, which
+the fragment says) are left out of pytest-html's data.
 """
 
 from __future__ import annotations
@@ -25,19 +28,13 @@ FRAGMENT_KEY = "graph_harness_html"
 
 
 def attach_fragment(report: pytest.TestReport, record: dict[str, Any]) -> None:
-    """Render the item's fragment and give pytest-html a stub that points at it."""
-    try:
-        from pytest_html import extras
-    except ImportError:
-        return
+    """Render the item's fragment; it travels on the report to the process writing the page."""
     key = item_key(report.nodeid)
     try:
         fragment = render_item(record, salt=key)
     except Exception as error:  # noqa: BLE001 - a rendering bug must not lose the result
         fragment = f"<pre>graph-harness could not render this item: {html_escape.escape(repr(error))}</pre>"
     setattr(report, FRAGMENT_KEY, fragment)
-    stub = f'<div class="gh-lazy" data-gh-key="{key}"></div>'
-    report.extras = [*getattr(report, "extras", []), extras.html(stub)]
 
 
 def _sort_key(text: str) -> str:
@@ -51,11 +48,15 @@ class HtmlReport:
     def __init__(self, records: list[dict[str, Any]]) -> None:
         self.records = records  # the results collector's list: every item's record, any worker
         self.fragments: dict[str, str] = {}
+        self.media = False  # whether any test attached an image or a video (pytest-html extras)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         fragment = getattr(report, FRAGMENT_KEY, None)
         if report.when == "call" and isinstance(fragment, str):
             self.fragments[item_key(report.nodeid)] = fragment
+        extras = getattr(report, "extras", None) or []
+        self.media = self.media or any(isinstance(e, dict) and e.get("format_type") in ("image", "video")
+                                       for e in extras)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_report_title(self, report: Any) -> None:
@@ -68,13 +69,28 @@ class HtmlReport:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_table_row(self, report: Any, cells: list[str]) -> None:
-        values = row_values(report_record(report) if getattr(report, "when", None) == "call" else None)
+        call = getattr(report, "when", None) == "call"
+        values = row_values(report_record(report) if call else None)
+        # The key of the item's fragment, read by the page's script when the row is opened.
+        has_fragment = call and isinstance(getattr(report, FRAGMENT_KEY, None), str)
+        key = f' data-gh="{item_key(report.nodeid)}"' if has_fragment else ""
         added = []
         for column, _ in TABLE_COLUMNS:
             text = html_escape.escape(values[column])
             prefix = _sort_key(values[column]) if column in ("step", "bucket") else ""
-            added.append(f'<td class="col-{column}">{prefix}{text}</td>')
+            attribute = key if column == "mode" else ""
+            added.append(f'<td class="col-{column}"{attribute}>{prefix}{text}</td>')
         cells[2:2] = added
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_html_results_table_html(self, report: Any, data: list[str]) -> None:
+        # A passed item's log says nothing (usually "No log output captured"); a skipped
+        # scenario item's is its skip reason, which its fragment's verdict says already. Then
+        # the row's details are the fragment alone (pytest-html drops an empty log).
+        if getattr(report, "when", None) != "call" or hasattr(report, "wasxfail"):
+            return
+        if report.passed or (report.skipped and isinstance(getattr(report, FRAGMENT_KEY, None), str)):
+            data.clear()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_summary(self, prefix: list[str], summary: list[str], postfix: list[str],
@@ -82,7 +98,7 @@ class HtmlReport:
         # A rendering bug must not cost the report that pytest-html is about to write.
         try:
             if self.records or self.fragments:
-                prefix.append(render_page(self.records))
+                prefix.append(render_page(self.records, media=self.media))
         except Exception as error:  # noqa: BLE001
             prefix.append(f"<p>graph-harness could not render the summary: {html_escape.escape(repr(error))}</p>")
         if self.fragments:

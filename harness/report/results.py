@@ -7,11 +7,15 @@ pytest report (:func:`attach_record`; :func:`harness.report.record.report_record
 accessor every consumer uses), never inside junit's ``user_properties``: junit gets only the
 small per-item :func:`metrics` and, once per suite, where the run came from.
 
-A record is kept small on purpose (a nightly run has a thousand items): the steps keep what
-the report shows (requests, dispatch, padding ledger, sampled tokens, the graph path's
-actual sequence lengths); block tables, slot mappings and the per-layer host lists the graph
-executed are dropped, since the checks have already read them and put what a failure needs
-into their own details.
+A record is kept small on purpose (a nightly run has thousands of items, most of them
+passing). A failing or known-bad item keeps its full evidence: the steps keep what the report
+shows (requests, dispatch, padding ledger, sampled tokens, the graph path's actual sequence
+lengths; block tables, slot mappings and the per-layer host lists the graph executed are
+dropped, since the checks have already read them and put what a failure needs into their own
+details), the texts, and each check's evidence. A passing or skipped item keeps a summary
+(:func:`summary_record`): verdict, metrics, each check's summary line and counts, the scenario
+as run and the run's totals, which is what ``graph-harness diff`` compares and what the
+report's grid and charts read; ``--report-evidence=all`` keeps everything for every item.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path, PurePath
 from typing import Any
 
 from harness.graph.record import RunRecord
+from harness.report.charts import step_padding
 
 SCHEMA_VERSION = 2
 RECORD_KEY = "graph_harness_record"
@@ -37,6 +42,10 @@ STEP_HOST_LISTS = ("actual_seq_lengths", "actual_seq_lengths_kv")
 #: At most this many entries of a check's evidence list (violations, stale lists, mismatches)
 #: are kept; the summary already says how many there were in all.
 EVIDENCE_LIMIT = 20
+#: The outcomes whose records keep their full evidence: the items a triager opens.
+FULL_EVIDENCE_OUTCOMES = frozenset({"failed", "xfailed"})
+#: ``--report-evidence``: full evidence for failing and known-bad items only, or for all.
+EVIDENCE_CHOICES = ("failures", "all")
 
 
 def attach_record(report: Any, record: dict[str, Any]) -> None:
@@ -61,6 +70,7 @@ def _step(step: Any) -> dict[str, Any]:
 def run_evidence(record: RunRecord | None) -> dict[str, Any]:
     if record is None:
         return {}
+    steps = [_step(step) for step in record.steps]
     return {
         "mode": record.mode,
         "capture_sizes": record.capture_sizes,
@@ -70,7 +80,8 @@ def run_evidence(record: RunRecord | None) -> dict[str, Any]:
         "memory": record.memory,
         "budget": record.budget,
         "errors": [asdict(e) for e in record.errors],
-        "steps": [_step(step) for step in record.steps],
+        "steps": steps,
+        "padding": step_padding(steps),  # the page chart's data, kept for every item
         "texts": record.texts,
         "fia_calls": len(record.fia_calls),
         "speculation": record.speculation,
@@ -96,6 +107,42 @@ def _check(check: Any) -> dict[str, Any]:
     return data
 
 
+def _scalars(details: dict[str, Any]) -> dict[str, Any]:
+    """A check's details without its evidence: the counts and names, no lists or tables (a
+    non-empty evidence list leaves its length, ``<name>_total``)."""
+    kept = {key: value for key, value in details.items() if value is None or isinstance(value, (bool, int, float, str))}
+    for key, value in details.items():
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            kept.setdefault(f"{key}_total", len(value))
+    return kept
+
+
+def summary_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A passing or skipped item's record without the evidence nobody reads when nothing failed.
+
+    Kept: the item's identity, verdict, metrics and scenario (what ``graph-harness diff`` and
+    ``narrow`` read), each check's verdict, summary line and counts (so the report can still
+    say PASS or *not evaluated*), the run's totals and its per-bucket padding (the page's
+    charts). Dropped: per-step dispatch, texts, evidence lists, per-bucket stream usage and
+    per-graph memory. Figures: README, "HTML report".
+    """
+    summary = dict(record, evidence="summary")
+    summary["checks"] = {name: {**check, "details": _scalars(check.get("details") or {})}
+                         for name, check in (record.get("checks") or {}).items()}
+    run = dict(record.get("run") or {})
+    if run and "padding" not in run:  # a record written before run.padding existed
+        run["padding"] = step_padding(run.get("steps") or [])
+    for bulky in ("steps", "texts"):
+        run.pop(bulky, None)
+    if isinstance(run.get("stream_usage"), dict):
+        run["stream_usage"] = {k: v for k, v in run["stream_usage"].items() if k != "by_bucket"}
+    if isinstance(run.get("memory"), dict):
+        run["memory"] = {pool: {k: v for k, v in usage.items() if k != "graphs"} if isinstance(usage, dict) else usage
+                         for pool, usage in run["memory"].items()}
+    summary["run"] = run
+    return summary
+
+
 def relative_source(source: str, root: Path | None) -> str:
     """``path:line`` with the path relative to the run's root when it lies below it."""
     path, sep, line = source.rpartition(":")
@@ -110,11 +157,14 @@ def relative_source(source: str, root: Path | None) -> str:
 
 
 def item_record(result: Any, environment: dict[str, Any] | None = None, *, nodeid: str = "",
-                started: float | None = None, root: Path | None = None) -> dict[str, Any]:
+                started: float | None = None, root: Path | None = None,
+                evidence: str = "failures") -> dict[str, Any]:
     """The JSON record of a :class:`harness.session.ItemResult` (plain data, JSON-safe).
 
     The run's environment lives once in the results file's ``run``; ``environment`` is for a
-    record that stands alone (a test, a single rendered item)."""
+    record that stands alone (a test, a single rendered item). ``evidence`` is
+    ``--report-evidence``: ``"failures"`` keeps the full evidence of failing and known-bad
+    items only (the others get :func:`summary_record`), ``"all"`` of every item."""
     run = run_evidence(result.record)
     record = {
         "key": "",
@@ -134,11 +184,14 @@ def item_record(result: Any, environment: dict[str, Any] | None = None, *, nodei
         "scenario": result.scenario,
         "run": run,
         "traceback": result.traceback,
+        "evidence": "full",
     }
     if environment is not None:
         record["environment"] = environment
     record["key"] = item_key(record)
     record["metrics"] = item_metrics(record)
+    if evidence != "all" and record["outcome"] not in FULL_EVIDENCE_OUTCOMES:
+        record = summary_record(record)
     # Through JSON once: tuples become lists and odd values strings, so every consumer (execnet,
     # the JSON file, the HTML renderer) sees the same plain data.
     return json.loads(json.dumps(record, default=str))
@@ -215,5 +268,19 @@ def write_results(path: Path, records: list[dict[str, Any]], run: dict[str, Any]
     payload = {"schema": SCHEMA_VERSION, "run": run, "environment": run.get("environment", {}),
                "summary": summary, "items": sorted(records, key=lambda r: r.get("key") or "")}
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=1, default=str))
+    tmp.write_text(results_text(payload))
     tmp.replace(path)
+
+
+def results_text(payload: dict[str, Any]) -> str:
+    """The results file as text: the run's fields one per line, then one line per item.
+
+    Compact JSON (no indentation: it was two fifths of the bytes) that stays readable with
+    ``grep`` and line-wise diffs: every item record is one line.
+    """
+    def dump(value: Any) -> str:
+        return json.dumps(value, separators=(",", ":"), default=str)
+
+    head = [f"{dump(key)}: {dump(value)}" for key, value in payload.items() if key != "items"]
+    items = ",\n".join(dump(record) for record in payload.get("items", []))
+    return "{\n" + ",\n".join(head) + ',\n"items": [\n' + items + "\n]}\n"

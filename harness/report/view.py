@@ -85,8 +85,18 @@ def _graph_never_ran(run: Mapping) -> bool:
                for e in _list(run.get("errors")))
 
 
-def _not_evaluated(name: str, check: Mapping, run: Mapping) -> bool:
+def _step_count(record: Mapping) -> int:
+    """Steps the item ran: its per-step data, or its metrics when it kept only a summary."""
+    run = _dict(record.get("run"))
+    if "steps" in run:
+        return len(_list(run.get("steps")))
+    steps = _dict(record.get("metrics")).get("steps")
+    return steps if isinstance(steps, int) else 0
+
+
+def _not_evaluated(name: str, check: Mapping, record: Mapping) -> bool:
     """Whether the check looked at nothing, so that its pass would be vacuous."""
+    run = _dict(record.get("run"))
     details = _dict(check.get("details"))
     if name in ("equality", "stale_params") and _graph_never_ran(run):
         return True
@@ -95,7 +105,7 @@ def _not_evaluated(name: str, check: Mapping, run: Mapping) -> bool:
     if name == "equality":
         return details.get("compared") == 0
     if name == "stale_params":
-        return not _list(run.get("steps"))
+        return _step_count(record) == 0
     if name == "stream_budget":
         captured = run.get("graphs_captured", details.get("graphs_captured"))
         return captured == 0
@@ -119,7 +129,6 @@ def _ordered(checks: Mapping) -> list[str]:
 def check_states(record: Mapping) -> list[CheckState]:
     """Every check of the item with its state, in root-cause order."""
     checks = _dict(record.get("checks"))
-    run = _dict(record.get("run"))
     states = []
     for name in _ordered(checks):
         check = _dict(checks[name])
@@ -127,11 +136,11 @@ def check_states(record: Mapping) -> list[CheckState]:
         step = check.get("first_step") if isinstance(check.get("first_step"), int) else None
         if not check.get("passed", False):
             states.append(CheckState(name, FAIL, "FAIL", summary, step))
-        elif _dict(check.get("details")).get("mismatches"):
+        elif _dict(check.get("details")).get("mismatches") or _dict(check.get("details")).get("mismatches_total"):
             cause = _explaining_check(checks, name)
             label = f"explained by {cause}" if cause else "explained by an earlier failure"
             states.append(CheckState(name, EXPLAINED, label, summary, step))
-        elif _not_evaluated(name, check, run):
+        elif _not_evaluated(name, check, record):
             states.append(CheckState(name, NOT_EVALUATED, "not evaluated", summary, step))
         else:
             states.append(CheckState(name, PASS, "PASS", summary, step))

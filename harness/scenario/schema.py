@@ -32,6 +32,7 @@ from pydantic_core import core_schema
 from . import bounds as L
 from harness.graph.modes import CUDAGraphMode
 from harness.names import CheckName as _CheckName
+from harness.stacks import DEFAULT_STACK, stack_names
 from harness.scenario.feature_schema import build_features_model, build_fixes_model
 
 __all__ = [
@@ -231,16 +232,6 @@ class GraphSpec(_Base):
                         "or null for the default rule",
                     )
                 )
-            if self.max_capture_size is not None:
-                for i, s in enumerate(sizes):
-                    if s > self.max_capture_size:
-                        issues.append(
-                            (
-                                ("capture_sizes", i),
-                                f"capture size {s} is above max_capture_size "
-                                f"{self.max_capture_size}",
-                            )
-                        )
         if issues:
             raise ConsistencyError(issues)
         if sizes is not None:
@@ -343,7 +334,9 @@ class Tolerance(_Base):
 class EngineSpec(_Base):
     stream_pool: Pos(L.MAX_STREAM_POOL) = 2048
     streams_per_graph: Pos(L.MAX_STREAMS_PER_GRAPH) = 1
-    budget_policy: Literal["legacy", "none"] = "none"
+    budget_policy: Literal["legacy", "none"] | None = Field(
+        None, description="The stream budget: legacy (vLLM Ascend update_aclgraph_sizes) or none (PR #9962); "
+        "null = the stack's (see `stack`).")
     hccl_mode: Literal["AIV", "default"] = "default"
 
 
@@ -518,6 +511,9 @@ class Scenario(_Base):
     )
     steps: Pos(L.MAX_STEPS) = Field(16, description="Maximum decode steps to run.")
     engine: EngineSpec = Field(default_factory=EngineSpec)
+    stack: Annotated[str, Field(json_schema_extra={"enum": stack_names()})] | None = Field(
+        None, description="The release the run models (version profiles, docs/conformance.md): one of "
+        f"{', '.join(stack_names())}; null = --stack, else {DEFAULT_STACK} (the newest release).")
     expect: Expect = Field(default_factory=Expect)
     matrix: dict[str, Annotated[list[Any], Field(min_length=1)]] | None = Field(
         None,
@@ -547,6 +543,13 @@ class Scenario(_Base):
                 f"a name is 1 to {L.MAX_NAME_CHARS} letters, digits, '_', '.', '+' or '-', "
                 f"starting with a letter, digit or '_' (no spaces, brackets or line breaks); got {shown!r}"
             )
+        return v
+
+    @field_validator("stack")
+    @classmethod
+    def _known_stack(cls, v: str | None) -> str | None:
+        if v is not None and v not in stack_names():
+            raise ValueError(f"unknown stack {v!r}; known: {', '.join(stack_names())}")
         return v
 
     @field_validator("matrix")
@@ -582,6 +585,15 @@ class Scenario(_Base):
             self.features.mtp.k = g
         elif k_given and not g_given:
             self.graph.num_speculative_tokens = k
+        sizes, top = self.graph.capture_sizes, self.graph.max_capture_size
+        if sizes and top is not None:
+            # vLLM refuses both settings when they disagree; sizes above max_num_batched_tokens
+            # are dropped first (SP's filter is applied by the preflight, which sees the features)
+            kept = [s for s in sizes if s <= self.workload.max_num_batched_tokens]
+            if kept and kept[-1] != top:
+                issues.append((("graph", "max_capture_size"),
+                               f"customized max_cudagraph_capture_size(={top}) should be consistent with the "
+                               f"max value of cudagraph_capture_sizes(={kept[-1]}): give one of the two"))
         max_len = self.model.max_model_len
         for i, r in enumerate(self.workload.requests or []):
             if r.arrival_step >= self.steps:

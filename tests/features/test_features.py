@@ -21,7 +21,7 @@ from harness.features import (
     world_size,
 )
 from harness.features.layout import axis_sizes, coordinates
-from harness.graph.capture_sizes import compose_constraints
+from harness.graph.capture_sizes import EngineRefusal, compose_constraints
 from harness.graph.scheduler import RequestPlan
 from harness.graph.shape import RankAxis, RankContext, StepShape
 
@@ -57,9 +57,11 @@ def test_speculative_decoding_rounds_sizes_to_multiples_of_q():
     assert mtp.unsupported({"workload": {"steps": [[{"req": "a", "new_tokens": 1}]]}})
 
 
-def test_sp_with_mtp_composes_to_the_lcm():
+def test_sp_with_mtp_composes_to_the_lcm_only_in_the_harness_alternative():
     features = active_features({"sp": {"tp": 2}, "mtp": {"k": 2}}, {})
-    assert compose_constraints([1, 2, 4, 8], size_constraints(features)) == [6]
+    assert compose_constraints([1, 2, 4, 8], size_constraints(features), spec_sp_multiple="lcm") == [6]
+    with pytest.raises(EngineRefusal, match="both a multiple of 3 .* and 2 .*tensor_parallel_size"):
+        compose_constraints([1, 2, 4, 8], size_constraints(features))  # upstream: max(3, 2) = 3
 
 
 def test_data_parallel_without_a_group_is_the_identity():

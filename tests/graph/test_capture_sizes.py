@@ -1,6 +1,8 @@
 import pytest
 
 from harness.graph.capture_sizes import (
+    EngineRefusal,
+    resolve_sizes,
     PaddedSizeTable,
     default_capture_sizes,
     default_max_capture_size,
@@ -112,15 +114,21 @@ class TestResolve:
         assert resolve_capture_sizes(max_num_seqs=8, max_capture_size=257)[-1] == 256
 
     def test_user_max_clamped_by_batched_tokens(self):
+        # newer vLLM (PR #40734) appends an off-grid max_num_batched_tokens; older cut the grid at 96
         sizes = resolve_capture_sizes(max_num_seqs=8, max_capture_size=512, max_num_batched_tokens=100)
-        assert sizes[-1] == 96
+        assert sizes[-2:] == [96, 100]
+        old = resolve_capture_sizes(max_num_seqs=8, max_capture_size=512, max_num_batched_tokens=100,
+                                    capture_max_num_batched_tokens=False)
+        assert old[-1] == 96
 
     def test_explicit_sizes_sorted_and_deduped(self):
         assert resolve_capture_sizes(max_num_seqs=8, capture_sizes=[8, 1, 4, 4]) == [1, 4, 8]
 
     @pytest.mark.parametrize(
         "sizes, match",
-        [([], "empty"), ([0, 4], "positive"), ([-2], "positive"), ([4, 600], r"\[600\].*above.*512")],
+        [([], "empty"), ([0, 4], "positive"), ([-2], "positive"),
+         ([4, 600], r"customized max_cudagraph_capture_size\(=512\) should be consistent with the max value "
+                    r"of cudagraph_capture_sizes\(=600\)")],
     )
     def test_explicit_sizes_invalid(self, sizes, match):
         with pytest.raises(ValueError, match=match):
@@ -133,6 +141,7 @@ class TestResolve:
             num_speculative_tokens=2,
             tp=2,
             sequence_parallel=True,
+            spec_sp_multiple="lcm",
         )
         # SP tp=2: [2, 4, 8, 12, 16, 24]; spec q=3 with tp=2 -> multiples of 6 within 24.
         assert sizes == [6, 12, 18, 24]
@@ -167,3 +176,72 @@ class TestPaddedSizeTable:
 
     def test_is_a_value(self):
         assert PaddedSizeTable([1, 8]) == PaddedSizeTable([8, 1, 1])
+
+
+class TestUpstreamRules:
+    """vLLM ``_set_cudagraph_sizes`` and ``adjust_cudagraph_sizes_for_spec_decode`` (issue 10, point 1)."""
+
+    def test_user_max_disagreeing_with_the_user_list_is_upstreams_error(self):
+        message = (r"^customized max_cudagraph_capture_size\(=16\) should be consistent with the max value of "
+                   r"cudagraph_capture_sizes\(=8\)$")
+        with pytest.raises(ValueError, match=message):  # a max above the list's largest
+            resolve_capture_sizes(max_num_seqs=8, capture_sizes=[1, 2, 4, 8], max_capture_size=16)
+        # the list after dropping sizes above max_num_batched_tokens is what the max must match
+        with pytest.raises(ValueError, match=r"max_cudagraph_capture_size\(=16\).*cudagraph_capture_sizes\(=8\)"):
+            resolve_capture_sizes(max_num_seqs=8, capture_sizes=[1, 8, 16], max_capture_size=16,
+                                  max_num_batched_tokens=12)
+        assert resolve_capture_sizes(max_num_seqs=8, capture_sizes=[1, 2, 8], max_capture_size=8) == [1, 2, 8]
+
+    def test_user_max_alone_is_truncated_with_a_warning_not_an_error(self):
+        got = resolve_sizes(max_num_seqs=8, max_capture_size=20)
+        assert got.sizes == [1, 2, 4, 8, 16]
+        assert got.notes == ["Truncating max_cudagraph_capture_size 20 to 16"]
+
+    def test_sizes_above_max_num_batched_tokens_are_dropped_not_an_error(self):
+        got = resolve_sizes(max_num_seqs=8, capture_sizes=[1, 4, 8, 32, 64], max_num_batched_tokens=16)
+        assert got.sizes == [1, 4, 8] and got.dropped == [32, 64]
+        assert "overridden by max_num_batched_tokens=16: [32, 64] dropped" in got.notes[0]
+        with pytest.raises(ValueError, match="every capture size of \\[32\\] is above max_num_batched_tokens 16"):
+            resolve_sizes(max_num_seqs=8, capture_sizes=[32], max_num_batched_tokens=16)
+
+    @pytest.mark.parametrize("decode_full, expected", [(True, [3, 6]), (False, [1, 2, 4, 8])])
+    def test_spec_decode_rounds_only_when_the_decode_routine_is_full(self, decode_full, expected):
+        got = resolve_capture_sizes(max_num_seqs=8, capture_sizes=[1, 2, 4, 8], num_speculative_tokens=2,
+                                    decode_full=decode_full)
+        assert got == expected
+
+    @pytest.mark.parametrize("tp, k", [(2, 2), (4, 2), (4, 4)])
+    def test_spec_decode_with_sp_refuses_when_max_q_tp_is_not_a_common_multiple(self, tp, k):
+        q = k + 1
+        with pytest.raises(EngineRefusal) as error:
+            resolve_capture_sizes(max_num_seqs=8, capture_sizes=[4, 8, 16, 32, 64], num_speculative_tokens=k,
+                                  tp=tp, sequence_parallel=True)
+        assert str(error.value) == (
+            f"Can't determine cudagraph shapes that are both a multiple of {q} (num_speculative_tokens + 1) "
+            f"required by spec-decode and {tp} (tensor_parallel_size) required by sequence parallelism please "
+            "adjust num_speculative_tokens or disable sequence parallelism")
+        assert not isinstance(error.value, ValueError)  # not a bad scenario: the engine refuses to start
+        # the harness alternative composes instead; PIECEWISE decode never rounds, so never refuses
+        lcm = resolve_capture_sizes(max_num_seqs=8, capture_sizes=[4, 8, 16, 32, 64], num_speculative_tokens=k,
+                                    tp=tp, sequence_parallel=True, spec_sp_multiple="lcm")
+        assert lcm and all(s % q == 0 and s % tp == 0 for s in lcm)
+        assert resolve_capture_sizes(max_num_seqs=8, capture_sizes=[4, 8], num_speculative_tokens=k, tp=tp,
+                                     sequence_parallel=True, decode_full=False) == [4, 8]
+
+    @pytest.mark.parametrize("tp, k, expected", [(2, 1, [2, 4, 8, 16]), (4, 3, [4, 8, 16]), (2, 3, [4, 8, 16]),
+                                                 (4, 1, [4, 8, 16])])
+    def test_spec_decode_with_sp_uses_max_q_tp_when_it_is_a_common_multiple(self, tp, k, expected):
+        assert resolve_capture_sizes(max_num_seqs=8, capture_sizes=[1, 2, 4, 8, 16], num_speculative_tokens=k,
+                                     tp=tp, sequence_parallel=True) == expected
+
+    def test_off_grid_max_num_batched_tokens_257(self):
+        newer = resolve_capture_sizes(max_num_seqs=512, max_num_batched_tokens=257)
+        older = resolve_capture_sizes(max_num_seqs=512, max_num_batched_tokens=257,
+                                      capture_max_num_batched_tokens=False)
+        assert newer[-2:] == [256, 257] and older[-1] == 256
+
+    def test_off_grid_max_num_seqs_ceiling_only_with_pr_16623(self):
+        assert resolve_capture_sizes(max_num_seqs=12, platform="npu") == [1, 2, 4, 8]  # #16049: 9-12 eager
+        assert resolve_capture_sizes(max_num_seqs=12, platform="npu", capture_max_num_seqs=True) == [1, 2, 4, 8, 12]
+        # with a user max the ceiling is not added
+        assert resolve_capture_sizes(max_num_seqs=12, max_capture_size=12, capture_max_num_seqs=True)[-1] == 8

@@ -130,3 +130,16 @@ def test_above_max_reason_names_the_max():
 )
 def test_is_uniform_decode(query_lens, q, expected):
     assert is_uniform_decode(query_lens, q) is expected
+
+
+@pytest.mark.parametrize("with_num_reqs, expected", [(False, BD(8)), (True, BD(8, 4))])
+def test_mixed_full_keys_carry_num_reqs_after_vllm_pr_34043(with_num_reqs, expected):
+    d = Dispatcher(M.FULL, [2, 4, 8], 1, max_num_seqs=4, mixed_full_key_num_reqs=with_num_reqs)
+    assert expected in d.full_keys
+    decision = d.dispatch(6, 3, uniform_decode=False)
+    assert (decision.runtime_mode, decision.batch_descriptor) == (M.FULL, expected)
+    small = d.dispatch(2, 1, uniform_decode=False).batch_descriptor  # min(T, max_num_seqs) = 2
+    assert small == (BD(2, 2) if with_num_reqs else BD(2))
+    # PIECEWISE keys stay relaxed
+    pw = Dispatcher(M.PIECEWISE, [2, 4, 8], 1, max_num_seqs=4, mixed_full_key_num_reqs=with_num_reqs)
+    assert pw.dispatch(6, 3, uniform_decode=False).batch_descriptor == BD(8)

@@ -7,6 +7,7 @@ from harness.graph.metadata import (
     ScheduledRequest,
     build_attention_metadata,
     pad_attention_metadata,
+    slice_attention_metadata,
 )
 from harness.graph.modes import CUDAGraphMode as M
 
@@ -223,3 +224,16 @@ def test_fia_invariant_holds_whenever_fix_is_on(configured, runtime, q):
             assert len(out.slot_mapping) == len(out.positions) == padded
             assert out.seq_lens[out.num_reqs:] == [0] * out.num_padding_reqs
             assert out.slot_mapping[out.num_actual_tokens:] == [-1] * out.num_padding_tokens
+
+
+def test_slice_pads_tokens_only_and_marks_the_query_slice():
+    """vLLM Ascend's non-FULL path without SP: no padded request, attention reads the real rows."""
+    reqs = [ScheduledRequest("a", 4, 1, (0, 1)), ScheduledRequest("b", 0, 3, (2,))]
+    meta = build_attention_metadata(reqs, block_size=4, max_blocks_per_req=2)
+    sliced = slice_attention_metadata(meta, 8)
+    assert sliced.query_slice and sliced.num_input_tokens == 8 and sliced.num_reqs_padded == 2
+    assert sliced.actual_seq_lengths == meta.actual_seq_lengths == [1, 4]  # last element: the real T
+    assert sliced.slot_mapping[4:] == [-1] * 4 and sliced.positions[4:] == [0] * 4
+    assert slice_attention_metadata(meta, 4) is meta
+    with pytest.raises(ValueError, match="pad once"):
+        slice_attention_metadata(sliced, 8)

@@ -123,7 +123,8 @@ def test_sp_and_mtp_compose_capture_sizes_to_multiples_of_lcm():
 
     sp2 = SizeConstraint(2, "keep", "sequence parallel with tp=2")
     k2 = SizeConstraint(3, "round_up", "speculative decoding with q=3")
-    assert resolve_capture_sizes(max_num_seqs=8, capture_sizes=[1, 2, 4, 8], constraints=[sp2, k2]) == [6]
+    assert resolve_capture_sizes(max_num_seqs=8, capture_sizes=[1, 2, 4, 8], constraints=[sp2, k2],
+                                 spec_sp_multiple="lcm") == [6]
     sp4 = SizeConstraint(4, "keep", "sequence parallel with tp=4")
     k3 = SizeConstraint(4, "round_up", "speculative decoding with q=4")
     assert resolve_capture_sizes(max_num_seqs=8, capture_sizes=[1, 2, 4, 8, 16], constraints=[sp4, k3]) == [4, 8, 16]
@@ -133,7 +134,8 @@ def test_preflight_and_run_use_the_same_composed_sizes():
     from harness import session
 
     scenario = Scenario.model_validate({**_scenario("FULL", {"sp": {"tp": 2}, "mtp": {"k": 2}}),
-                                        "graph": {"mode": "FULL", "capture_sizes": [1, 2, 4, 8]}})
+                                        "graph": {"mode": "FULL", "capture_sizes": [1, 2, 4, 8]},
+                                        "stack": "harness-compose"})
     features = session.scenario_features(scenario)
     assert session.preflight(scenario) is None
     sizes, _ = session.capture_sizes(scenario, features)

@@ -140,3 +140,12 @@ def test_policy_legacy_dispatches():
 def test_unknown_policy():
     with pytest.raises(ValueError, match="legacy"):
         stream_budget("strict", SIZES_150)  # type: ignore[arg-type]
+
+
+def test_full_and_piecewise_deduction_clamps_at_zero():
+    """vLLM Ascend ``update_aclgraph_sizes``: ``MAX_CAPTURE_SIZE = max(0, MAX_CAPTURE_SIZE - len(sizes))``."""
+    sizes = list(range(1, 1901))  # more sizes than the 1800 streams
+    d = legacy_stream_budget(sizes, num_layers=2, mode=M.FULL_AND_PIECEWISE)
+    assert d.max_graphs == 0 and d.max_num_sizes == 0  # never a negative budget or size count
+    assert d.sizes_kept == [1900]  # n <= 1 keeps only the largest
+    assert "max(0, MAX-1900" in d.explanation

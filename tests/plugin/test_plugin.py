@@ -118,6 +118,10 @@ def test_html_report_embeds_the_item_explanation(project):
     html = (project.path / "report.html").read_text()
     assert "graph-harness: graph-mode scenarios" in html
     assert "capture-time" in html and "stale_params" in html
+    from harness.report.html import read_fragments
+
+    (fragment,) = read_fragments(html).values()  # the explanation, in the page's fragment store
+    assert "Stale host parameters" in fragment and "capture-time" in fragment
 
 
 def test_xdist_workers_send_their_records_to_the_controller(project):
@@ -145,3 +149,26 @@ def test_problems_only_the_harness_sees_still_name_file_line_and_field(project):
     ])
     result.assert_outcomes(errors=2)
     assert "Traceback" not in result.stdout.str()
+
+
+def test_stack_option_sets_the_stack_of_scenarios_that_name_none(project):
+    bad = "fixes: {fia_padding: false}\nexpect: {fail: [fia_invariant]}"
+    _write(project, "scenarios/pw.yaml", GOOD.format(mode=", mode: PIECEWISE", extra=bad))
+    _write(project, "scenarios/named.yaml", GOOD.format(mode=", mode: PIECEWISE", extra=bad + "\nstack: harness-compose")
+           .replace("name: tiny", "name: named"))
+    # upstream slices the query in PIECEWISE: the known-bad file passes unexpectedly on the default stack
+    result = project.runpytest("-p", "no:cacheprovider", "-rA")
+    result.assert_outcomes(failed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["*stack v0.23.0*", "FAILED scenarios/pw.yaml::tiny*"])
+    # the harness's dummy-request rule needs the fix: --stack makes pw fail as expected; named keeps its own
+    result = project.runpytest("-p", "no:cacheprovider", "--stack=harness-compose")
+    result.assert_outcomes(xfailed=2)
+    result = project.runpytest("-p", "no:cacheprovider", "--stack=v0.18.0", "-rA")
+    result.assert_outcomes(failed=1, xfailed=1)
+
+
+def test_unknown_stack_option_is_a_usage_error(project):
+    _write(project, "scenarios/ok.yaml", GOOD.format(mode="", extra=""))
+    result = project.runpytest("-p", "no:cacheprovider", "--stack=v9")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--stack*invalid choice*v9*v0.23.0*"])

@@ -74,3 +74,19 @@ def sleep_forever(rank: int, world_size: int) -> None:
         f.write(str(os.getpid()))
     os.replace(os.path.join(workdir, f"rank{rank}.pid.tmp"), os.path.join(workdir, f"rank{rank}.pid"))
     time.sleep(600)
+
+
+#: Imports that cost a fresh rank seconds; a scenario rank must reach neither.
+HEAVY_MODULES = ("torch._dynamo", "sympy")
+
+
+def scenario_rank_imports(rank: int, world_size: int, scenario_json: dict) -> list[str]:
+    """Run one rank of a scenario as the session does; return the heavy modules it then holds
+    (imported by its job, or inherited from the warm server, which would pay them once per
+    worker for nothing)."""
+    import sys
+
+    from harness.session import _rank_job
+
+    _rank_job(rank, world_size, scenario_json, "emulated")
+    return [name for name in HEAVY_MODULES if name in sys.modules]

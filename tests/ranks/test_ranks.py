@@ -278,3 +278,21 @@ def test_an_interrupted_run_ends_its_ranks(workdirs: list[str]) -> None:
         signal.signal(signal.SIGALRM, previous)
     assert len(seen) == 2 and all(_gone(pid) for pid in seen), seen
     assert workdirs and not any(os.path.exists(d) for d in workdirs)
+
+
+@pytest.mark.parametrize("point_id", ["FULL-tp2-dp1-k1-cp1-mixed", "PIECEWISE-tp1-dp1-k0-cp2-mixed"])
+def test_scenario_ranks_import_no_dynamo_or_sympy(point_id: str) -> None:
+    """A warm rank costs milliseconds only if its job stays off torch._dynamo and sympy: the
+    collectives' shape inference and CP's gather used to import them (1 to 2 s per rank)."""
+    from harness.scenario import load_scenario_file
+    from harness.scenario.cross import select
+    from harness.session import world_size
+
+    path = Path(__file__).resolve().parents[2] / "scenarios" / "cross_product" / "cross_product.yaml"
+    points = load_scenario_file(path, combinations=lambda m, e: select(m, e, how="full"))
+    scenario = next(p for p in points if p.id == point_id).scenario
+    world = world_size(scenario)
+    assert world == 2
+    outcome = run_ranks(rank_fns.scenario_rank_imports, world, args=(scenario.model_dump(mode="json"),), timeout=300)
+    assert outcome.ok, outcome.report()
+    assert outcome.results == [[], []]

@@ -8,9 +8,9 @@ import re
 import pytest
 
 from harness.report import charts
-from harness.report.html import render_fragments, render_item, render_page, row_values
+from harness.report.html import read_fragments, render_fragments, render_item, render_page, row_values
 from harness.report.view import check_states, first_failure
-from harness.report.results import item_record
+from harness.report.results import item_record, summary_record
 from harness.scenario import load_scenario_text
 from harness.session import run_point
 
@@ -30,14 +30,21 @@ SMALL_POOL = TINY + "engine: {stream_pool: 2}\n"
 ENV = {"torch": "x"}
 
 
-def _record(text: str) -> dict:
+def _record(text: str, evidence: str = "failures") -> dict:
     (point,) = load_scenario_text(text)
-    return item_record(run_point(point), ENV)
+    return item_record(run_point(point), ENV, evidence=evidence)
 
 
 @pytest.fixture(scope="module")
-def good() -> dict:
-    return _record(TINY)
+def good_full() -> dict:
+    """A passing item with every piece of evidence (``--report-evidence=all``)."""
+    return _record(TINY, evidence="all")
+
+
+@pytest.fixture(scope="module")
+def good(good_full) -> dict:
+    """The same item as the plugin records it by default: a summary."""
+    return summary_record(good_full)
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +56,33 @@ def _text(html: str) -> str:
     return re.sub(r"<[^>]+>", "", html)
 
 
-def test_passing_item_shows_checks_texts_and_dispatch(good):
-    assert good["outcome"] == "passed"
+def test_passing_item_by_default_shows_its_checks_only(good):
+    assert good["outcome"] == "passed" and good["evidence"] == "summary"
     html = render_item(good)
+    assert html.count(">PASS<") == 4 and ">FAIL<" not in html and "not evaluated" not in html
+    assert "all four checks passed" in html and "4 graphs, 4 of 2048 streams (0.2%)" in html
+    assert "&lt;string&gt;:2" in html and 'capture sizes <span class="gh-tok">1 2 4 8</span>' in html
+    # no per-step evidence, texts, scenario YAML or stream-budget section: a passing item is small
+    for absent in ("Generated texts", "Per-step dispatch", "Scenario as run", "<h4>Stream budget", "<svg"):
+        assert absent not in html
+    assert len(html) < 1200
+
+
+def test_a_summary_keeps_what_the_grid_the_charts_and_diff_read(good, good_full):
+    assert charts.padding_by_bucket([good]) == charts.padding_by_bucket([good_full]) != {}
+    assert good["metrics"] == good_full["metrics"] and good["metrics"]["steps"] == 6
+    for field in ("key", "outcome", "verdict", "failed_checks", "scenario", "source", "duration"):
+        assert good[field] == good_full[field]
+    assert row_values(good) == row_values(good_full)
+    assert [(s.name, s.state, s.summary) for s in check_states(good)] == \
+        [(s.name, s.state, s.summary) for s in check_states(good_full)]
+    assert "steps" not in good["run"] and "texts" not in good["run"] and "by_bucket" not in good["run"]["stream_usage"]
+    assert good["checks"]["equality"]["details"] == {"compared": 12}
+
+
+def test_passing_item_with_all_evidence_shows_checks_texts_and_dispatch(good_full):
+    assert good_full["outcome"] == "passed" and good_full["evidence"] == "full"
+    html = render_item(good_full)
     assert html.startswith('<div class="gh-item">') and "<style" not in html  # CSS is once per page
     for name in ("fia_invariant", "equality", "stale_params", "stream_budget"):
         assert name in html
@@ -168,7 +199,7 @@ def test_page_grid_charts_and_filters(good, stale):
     crashed = dict(good, outcome="failed", run={})
     skipped = {"outcome": "skipped", "scenario": {"graph": {"mode": "PIECEWISE"}, "features": {"sp": {"tp": 2}}}}
     html = render_page([good, stale, crashed, skipped])
-    assert html.count("<style>") == 1 and html.count("<script>") == 1
+    assert html.count("<style>") == 1 and html.count("<script") == 1 and 'data-gh-media="1"' in html
     assert 'id="gh-grid"' in html
     # FULL x base holds a pass, a known-bad and a failure: the failure colours it
     assert 'class="gh-cell gh-o-failed" data-mode="FULL" data-features="base"' in html
@@ -180,10 +211,17 @@ def test_page_grid_charts_and_filters(good, stale):
     assert "no scenario item ran" in empty and "<svg" not in empty
 
 
-def test_fragments_cannot_end_their_script_element():
-    page = render_fragments({"k1": "<div>a</div>", "k2": "<p><!--<script></script><script>alert(1)</SCRIPT>"})
-    assert page.count("</script>") == 2 and "<!--" not in page and "<\\!--" in page and "<\\/SCRIPT>" in page
-    assert 'id="gh-x-k1"><div>a</div></script>' in page
+def test_fragments_are_compressed_once_and_cannot_end_their_script_element():
+    fragments = {"k1": "<div>a</div>", "k2": "<p><!--<script></script><script>alert(1)</SCRIPT>"}
+    page = render_fragments(fragments)
+    assert page.count("<script") == 1 and page.count("</script>") == 1 and "<!--" not in page
+    assert 'id="gh-fragments" data-count="2"' in page and "alert" not in page
+    assert read_fragments("<html>" + page + "</html>") == fragments
+    # a run's fragments repeat each other: together they compress many times over
+    many = {f"k{i}": f'<div class="gh-item"><p>item {i} passed</p><table>{"<tr><td>PASS</td></tr>" * 4}</table></div>'
+            for i in range(200)}
+    assert len(render_fragments(many)) * 5 < sum(len(v) for v in many.values())
+    assert read_fragments("no fragments here") == {}
 
 
 def test_charts_are_inline_svg_with_ids_unique_per_chart():
@@ -204,3 +242,16 @@ def test_charts_are_inline_svg_with_ids_unique_per_chart():
                                                                      8: {"steps": 1, "real": 5, "bucket": 3}}
     assert charts.step_tokens_svg([]) == "" and charts.streams_svg([], 2) == "" and charts.padding_waste_svg([]) == ""
     assert "chart not drawn: ZeroDivisionError" in charts.safely(lambda: 1 / 0)
+
+
+def test_the_page_keeps_the_video_template_only_when_a_test_attached_media():
+    from types import SimpleNamespace
+
+    from harness.report.html_hooks import HtmlReport
+
+    hooks = HtmlReport([])
+    hooks.pytest_runtest_logreport(SimpleNamespace(when="call", nodeid="t::a", extras=[{"format_type": "html"}]))
+    assert not hooks.media  # an HTML extra is not media: the page drops pytest-html's <video>
+    hooks.pytest_runtest_logreport(SimpleNamespace(when="call", nodeid="t::b", extras=[{"format_type": "image"}]))
+    assert hooks.media
+    assert 'data-gh-media="0"' in render_page([], media=False) and 'data-gh-media="1"' in render_page([], media=True)

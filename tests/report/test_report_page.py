@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.report.browser import Chromium, find_chromium
+from harness.report.html import read_fragments
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = """
@@ -68,11 +69,16 @@ def test_columns_fragments_and_css_once(run):
     assert tests["ok[PIECEWISE]"]["mode"] == "PIECEWISE" and tests["mtp"]["features"] == "mtp1"
     assert tests["fail"]["check"] == "fia_invariant" and tests["bad"]["check"] == "stale_params"
     assert tests["fail"]["bucket"].endswith("4")  # a hidden sort prefix, then the bucket
-    # each item: a stub in pytest-html's data, its fragment once on the page, the CSS once
-    for entry in tests.values():
-        (stub,) = [e["content"] for e in entry["extras"]]
-        key = re.search(r'data-gh-key="(\w+)"', stub).group(1)
-        assert page.count(f'id="gh-x-{key}"') == 1
+    # each item: its fragment's key on its Mode cell, its fragment in the page's one compressed
+    # store, the CSS once; nothing else of ours in pytest-html's data, no log for a passed item
+    fragments = read_fragments(page)
+    keys = []
+    for name, entry in tests.items():
+        (mode_cell,) = [c for c in entry["resultsTableRow"] if 'class="col-mode"' in c]
+        keys.append(re.search(r'data-gh="(\w+)"', mode_cell).group(1))
+        assert fragments[keys[-1]].startswith('<div class="gh-item">') and entry["extras"] == []
+        assert (entry["log"] == "") == (entry["result"] == "Passed"), name
+    assert sorted(keys) == sorted(fragments) and page.count('id="gh-fragments"') == 1
     assert page.count(".gh-item h4 {") == 1 and page.count('<section id="gh-summary">') == 1
 
 
@@ -101,10 +107,16 @@ def test_report_in_headless_chromium(run, tmp_path):
     shown = f"[...document.querySelectorAll('{rows}')].filter(r => !r.hidden).length"
     # two frames and a moment: pytest-html's redraw, our filter, then the IntersectionObserver
     tick = "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => setTimeout(r, 100))))"
+    ready = ("new Promise(r => { const wait = () => document.body.dataset.ghFragments ? r(document.body.dataset"
+             ".ghFragments) : setTimeout(wait, 20); wait() })")
     with Chromium() as browser:
         browser.open(run["path"])
+        assert browser.evaluate(ready) == "ready"  # the fragments inflated
         browser.evaluate(tick)  # rows near the viewport are filled after the first layout
         assert browser.errors == []
+        # pytest-html's row template lost its <video> (no test attached media), rows are whole
+        assert browser.evaluate("document.querySelectorAll('video').length") == 0
+        assert browser.evaluate("document.querySelectorAll('#results-table .media').length") == 5
         assert browser.evaluate(f"document.querySelectorAll('{rows}').length") == 5
         # the grid (FULL x base holds a failure, so it is red) and the run's chart
         assert browser.evaluate("document.querySelector('#gh-grid td[data-mode=FULL][data-features=base]')"
@@ -128,5 +140,8 @@ def test_report_in_headless_chromium(run, tmp_path):
         browser.evaluate(f"location.hash = ''; {tick}")
         browser.evaluate(f"document.querySelector('tbody.passed .col-result').click(); {tick}")
         assert browser.evaluate("document.querySelectorAll('.gh-item').length") == 2  # fail + the opened pass
+        # the passed row has no log, and pytest-html's empty log box went with it
+        assert browser.evaluate("document.querySelectorAll('tbody.passed .extras-row:not(.hidden) .logwrapper')"
+                                ".length") == 0
         assert browser.errors == []
         browser.screenshot(tmp_path / "report.png")

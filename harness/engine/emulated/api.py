@@ -11,7 +11,7 @@ import contextlib
 from typing import Any, Iterator
 
 from ..errors import TaskUpdateError
-from ..protocol import Capabilities, StreamConfig
+from ..protocol import Capabilities, DeviceRules, StreamConfig
 from .device import EmulatedDevice
 from .graph import NPUGraph as _NPUGraph
 from .graph import TaskGroupHandle, TaskUpdateMode, bound_arguments, graph_context, task_group_begin, task_group_end
@@ -31,13 +31,16 @@ _device = EmulatedDevice()
 _updates: dict[int, TaskUpdateMode] = {}  # stream id -> update in progress
 
 
-def reset_device(stream_config: StreamConfig | None = None) -> None:
-    """Start over with a fresh device (streams, pools, budget): for tests and per scenario."""
+def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules | None = None) -> None:
+    """Start over with a fresh device (streams, pools, budget): for tests and per scenario.
+
+    ``rules``: the torch_npu release whose graph rules to follow (default: the historical ones)."""
     global _device
     for mode in reversed(list(_updates.values())):  # an update abandoned by an error
         mode.__exit__(None, None, None)
     _updates.clear()
-    _device = EmulatedDevice(stream_config)
+    _device = EmulatedDevice(stream_config, rules)
+    rng.REGISTRATION = _device.rules.generator_registration  # type: ignore[assignment]
 
 
 def stream_usage() -> dict[str, Any]:
@@ -53,8 +56,9 @@ def device_name() -> str:
 
 
 # -- graphs -----------------------------------------------------------------------------------
-def NPUGraph(*, allow_rng: bool = False) -> _NPUGraph:  # noqa: N802 - torch_npu's name
-    return _NPUGraph(_device, allow_rng=allow_rng)
+def NPUGraph(*, allow_rng: bool | None = None) -> _NPUGraph:  # noqa: N802 - torch_npu's name
+    """``allow_rng`` None: what the device's torch_npu release does (``DeviceRules.rng_in_capture``)."""
+    return _NPUGraph(_device, allow_rng=_device.rules.rng_in_capture if allow_rng is None else allow_rng)
 
 
 def graph(npu_graph: _NPUGraph, pool: PoolHandle | None = None, stream: _Stream | None = None,

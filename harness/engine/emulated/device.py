@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 
 from ..errors import StreamBudgetError
-from ..protocol import StreamConfig
+from ..protocol import DeviceRules, StreamConfig
 from .pool import PoolRegistry
 from .streams import Scheduler, Stream
 
@@ -52,7 +52,8 @@ class StreamBudget:
 
 
 class EmulatedDevice:
-    def __init__(self, stream_config: StreamConfig | None = None) -> None:
+    def __init__(self, stream_config: StreamConfig | None = None, rules: DeviceRules | None = None) -> None:
+        self.rules = rules or DeviceRules()  # the torch_npu release's graph rules
         self.scheduler = Scheduler()
         self.default_stream = Stream(self.scheduler, "default")
         self.capture_stream = Stream(self.scheduler, "capture")

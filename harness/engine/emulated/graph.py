@@ -77,7 +77,8 @@ class NPUGraph:
             pool = self._pool or device.pools.new_handle()
         self._pool = pool
         capture = Capture(self.name, device.pools.get(pool), auto_dispatch=auto_dispatch_capture,
-                          allow_rng=self.allow_rng, error_mode=capture_error_mode)
+                          allow_rng=self.allow_rng, error_mode=capture_error_mode,
+                          sync_invalidates=not device.rules.capture_survives_rejected_sync)
         capture.owner = weakref.ref(self)
         self._capture, self._stream = capture, stream
         stream.capture = capture

@@ -251,12 +251,15 @@ class Capture:
     """The tape being recorded for one graph, plus what it allocated."""
 
     def __init__(self, graph_name: str, pool: MemoryPool, *, auto_dispatch: bool, allow_rng: bool,
-                 error_mode: str) -> None:
+                 error_mode: str, sync_invalidates: bool = True) -> None:
         self.graph_name = graph_name
         self.pool = pool
         self.auto_dispatch = auto_dispatch
         self.allow_rng = allow_rng
         self.error_mode = error_mode
+        # torch_npu before 882896a6c: a rejected host sync invalidates the capture (capture_end
+        # raises); since, the rejection is raised and the capture goes on
+        self.sync_invalidates = sync_invalidates
         self.nodes: list[Node] = []
         self.blocks: list[Block] = []
         self.allocated: list[torch.Tensor] = []  # tensors made during capture (pool + views)
@@ -288,7 +291,8 @@ class Capture:
         if self.error_mode == "relaxed":
             return
         error = CaptureError(f"{what}: {CAPTURE_SYNC_MESSAGE} (capture of {self.graph_name})")
-        self.failed = self.failed or error
+        if self.sync_invalidates:
+            self.failed = self.failed or error
         raise error
 
     def record(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
@@ -417,7 +421,25 @@ def _infer_outputs(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> An
     return spec
 
 
+def _collective_shape(func: torch._ops.OpOverload, args: tuple) -> Any:
+    """Outputs of the functional collectives whose rule is plain, without their meta kernels.
+
+    Those kernels are Python references that import sympy (about 1 s) in every fresh rank.
+    """
+    name = func._schema.name
+    if name == "_c10d_functional::wait_tensor":
+        return args[0]  # the waited tensor itself
+    if name == "_c10d_functional::all_gather_into_tensor":
+        x, group_size = args[0], args[1]
+        return torch.empty((group_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device="meta")
+    return None
+
+
 def _run_for_shapes(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    if func.namespace == "_c10d_functional" and not kwargs:
+        shaped = _collective_shape(func, args)
+        if shaped is not None:
+            return shaped
     if _op_info(func).run_to_infer:
         try:
             return func(*args, **kwargs)

@@ -6,6 +6,17 @@
   'use strict'
   const FIELDS = ['mode', 'features', 'check', 'text']
 
+  // pytest-html builds each row from a template holding a <video> element, a thousand of
+  // them again on every redraw: most of the cost of opening or clicking a large report.
+  // This script runs before pytest-html's (the template is already parsed, the rows not yet
+  // built); where no test attached an image or a video, no row ever shows one, and
+  // pytest-html touches a row's media elements only for a row that has media.
+  const script = document.currentScript
+  const rowTemplate = document.getElementById('template_results-table__tbody')
+  if (script && script.dataset.ghMedia === '0' && rowTemplate) {
+    rowTemplate.content.querySelectorAll('video').forEach((video) => video.remove())
+  }
+
   const readHash = () => {
     const params = new URLSearchParams(window.location.hash.slice(1))
     const state = {}
@@ -36,9 +47,40 @@
     return true
   }
 
-  const fillStub = (stub) => {
-    const source = document.getElementById('gh-x-' + stub.dataset.ghKey)
-    if (source && !stub.firstChild) stub.innerHTML = source.textContent.replace(/<\\(\/script|!--)/gi, '<$1')
+  // Every item's fragment, inflated once on first use (harness.report.html.render_fragments):
+  // a promise of key -> HTML. body[data-gh-fragments] says when it is ready (or failed).
+  let fragments = null
+  const loadFragments = () => {
+    if (fragments) return fragments
+    fragments = (async () => {
+      const source = document.getElementById('gh-fragments')
+      if (!source) return {}
+      const bytes = Uint8Array.from(atob(source.textContent), (c) => c.charCodeAt(0))
+      const inflated = new Blob([bytes]).stream().pipeThrough(new DecompressionStream('deflate'))
+      return JSON.parse(await new Response(inflated).text())
+    })().then((all) => {
+      document.body.dataset.ghFragments = 'ready'
+      return all
+    }, (error) => {
+      document.body.dataset.ghFragments = 'failed'
+      console.error('graph-harness: cannot read the items\' details in this browser (' + error +
+        '); the JSON results file holds the same records')
+      return {}
+    })
+    return fragments
+  }
+
+  // A row's fragment key sits on its Mode cell; the fragment goes into pytest-html's own
+  // slot for extra HTML in the row's details, once.
+  const fillRow = (extras) => {
+    const target = extras.querySelector('.extraHTML')
+    const key = extras.dataset.ghKey
+    if (!target || !key || extras.dataset.ghFilled) return
+    extras.dataset.ghFilled = '1'
+    // A row whose log was left out (a passed item) keeps pytest-html's empty log box: drop it.
+    const logBox = extras.querySelector('.logwrapper')
+    if (logBox && !logBox.querySelector('.log')) logBox.remove()
+    loadFragments().then((all) => { if (all[key]) target.insertAdjacentHTML('beforeend', all[key]) })
   }
 
   // Open rows are filled as they come near the viewport: a redraw then lays out a screenful
@@ -47,15 +89,18 @@
     ? new IntersectionObserver((entries) => entries.forEach((entry) => {
       if (entry.isIntersecting) {
         nearView.unobserve(entry.target)
-        fillStub(entry.target)
+        fillRow(entry.target)
       }
     }), { rootMargin: '1500px 0px' })
     : null
 
   const fill = (row) => {
     const extras = row.querySelector('.extras-row')
-    if (!extras || extras.classList.contains('hidden')) return
-    row.querySelectorAll('.gh-lazy:empty').forEach((stub) => (nearView ? nearView.observe(stub) : fillStub(stub)))
+    const cell = row.querySelector('td.col-mode[data-gh]')
+    if (!extras || !cell || extras.classList.contains('hidden') || extras.dataset.ghFilled) return
+    extras.dataset.ghKey = cell.dataset.gh
+    if (nearView) nearView.observe(extras)
+    else fillRow(extras)
   }
 
   const apply = () => {
@@ -108,6 +153,7 @@
     window.addEventListener('hashchange', apply)
     // pytest-html swaps in a new #results-table on every redraw: re-filter and re-fill then.
     new MutationObserver(apply).observe(document.body, { childList: true })
+    loadFragments()
     apply()
   }
 

@@ -154,6 +154,18 @@ case("classic_bad_expect", W + "expect: fails\n", "an unknown expect word")
 case("classic_expect_unknown_check", W + "expect:\n  fail: [speed]\n", "an unknown check name")
 case("classic_empty_capture_sizes", "graph: {capture_sizes: []}\n" + W, "an empty capture_sizes list")
 case("classic_capture_size_above_max", "graph: {capture_sizes: [1, 2, 16], max_capture_size: 8}\n" + W, "a capture size above max_capture_size")
+case("upstream_max_above_the_list", "graph: {capture_sizes: [1, 2, 4, 8], max_capture_size: 16}\n" + W,
+     "a user max above the user list's largest size (vLLM refuses both)")
+case("upstream_max_after_token_filter", "graph: {capture_sizes: [1, 8, 16], max_capture_size: 16}\n"
+     "workload:\n  max_num_batched_tokens: 12\n  requests:\n    - {prompt_len: 3, output_len: 3}\n",
+     "the list's largest size within max_num_batched_tokens is 8, the user max 16")
+case("upstream_max_after_sp_filter", "graph: {mode: FULL, capture_sizes: [2, 4, 6], max_capture_size: 6}\n"
+     "features: {sp: {tp: 4}}\n" + W, "SP tp 4 keeps [4]: the user max 6 disagrees (preflight)")
+case("upstream_all_sizes_above_token_budget", "graph: {capture_sizes: [32, 64]}\n"
+     "workload:\n  max_num_batched_tokens: 16\n  requests:\n    - {prompt_len: 3, output_len: 3}\n",
+     "every user size above max_num_batched_tokens: no graph at all (preflight)")
+case("stack_unknown", "stack: v9.9\n" + W, "an unknown stack profile")
+case("stack_unknown_in_matrix", "matrix:\n  stack: [v0.23.0, vllm-0.18]\n" + W, "an unknown stack as a matrix value")
 case("classic_request_too_long", "model: {max_model_len: 64, vocab_size: 512}\nworkload:\n  requests:\n    - {prompt_len: 60, output_len: 10}\n", "a request longer than max_model_len")
 case("classic_step_over_budget", "workload:\n  max_num_batched_tokens: 8\n  steps:\n    - [{req: a, new_tokens: 5}, {req: b, new_tokens: 5}]\n", "a step over the token budget")
 case("classic_request_twice_in_step", "workload:\n  steps:\n    - [{req: a, new_tokens: 1}, {req: a, new_tokens: 1}]\n", "a request twice in one step")
