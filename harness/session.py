@@ -34,7 +34,7 @@ from harness.graph.shape import SINGLE_RANK, RankContext
 from harness.model import DecoderLM, ModelConfig
 from harness.model.parallel import ParallelContext
 from harness.ranks import run_ranks
-from harness.ops import set_native_impl
+from harness.ops import set_native_impl, set_native_paged_attention
 from harness.scenario import Scenario, ScenarioPoint
 from harness.scenario.bounds import MAX_WORLD_SIZE
 from harness.scenario.limits import rank_timeout
@@ -154,7 +154,8 @@ def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[Pipe
     stack = stack_of(scenario)
     graph = GraphConfig(parse_mode(g.mode), tuple(sizes), g.max_num_seqs, q, g.warmup_runs,
                         scenario.fixes.fia_padding, fixes, mixed_full_key_num_reqs=stack.mixed_full_key_num_reqs,
-                        pad_requests_without_full=stack.pad_requests_without_full)
+                        pad_requests_without_full=stack.pad_requests_without_full,
+                        debug_input_addresses=g.debug_input_addresses)
     if w.requests is not None:
         plans: list[RequestPlan] = []
         for request in w.requests:
@@ -311,8 +312,7 @@ def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK,
     and a scenario rebuilt from JSON no longer knows which fields its file named)."""
     spec, sizes, budget = build_spec(scenario, ctx)
     engine = load(backend)
-    if engine.capabilities.native_attention is not None:
-        set_native_impl(*engine.capabilities.native_attention())  # the device's FIA, host check included
+    install_native_ops(engine)
     record = RunRecord(scenario.graph.mode, backend, sizes, budget=budget)
     stack = stack_of(scenario)
     record.notes.append(f"stack {stack.name}: {stack.summary}")
@@ -337,6 +337,14 @@ def dispatch_rows(scenario: Scenario) -> list[dict[str, Any]]:
     """The scenario's dispatch table as plain rows for :func:`check_dispatch_table`."""
     return [{**row.pinned(), "step": row.step, "rank": row.rank, "for_mode": row.for_mode, "index": i}
             for i, row in enumerate(scenario.expect.dispatch or ())]
+
+
+def install_native_ops(engine: Any) -> None:
+    """Route harness.ops to the engine's own kernels (torch_npu's FIA and paged attention, host
+    checks included), or back to the CPU reference where the engine has none."""
+    caps = engine.capabilities
+    set_native_impl(*(caps.native_attention() if caps.native_attention else (None, None, None)))
+    set_native_paged_attention(*(caps.native_paged_attention() if caps.native_paged_attention else (None, None)))
 
 
 def device_rules(stack: StackProfile) -> DeviceRules:

@@ -24,10 +24,16 @@ def _native_attention():
             torch_npu._npu_fused_infer_attention_score_get_max_workspace)
 
 
+def _native_paged_attention():
+    """torch_npu's ATB decode attention (``context_lens`` read on the host) and its workspace query."""
+    return torch_npu._npu_paged_attention, torch_npu._npu_paged_attention_get_workspace
+
+
 name = "npu"
 device_type = "npu"
 capabilities = Capabilities(task_updates=True, bitwise_replay=False, stream_pool=True,
-                            reports_executed_arguments=False, native_attention=_native_attention)
+                            reports_executed_arguments=False, native_attention=_native_attention,
+                            native_paged_attention=_native_paged_attention)
 
 _graphs_alive: set[int] = set()
 _stream_pool_size = 2048

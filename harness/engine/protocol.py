@@ -57,6 +57,7 @@ class Capabilities:
     stream_pool: bool  # captures draw on a fixed stream pool the budget applies to (ACL)
     reports_executed_arguments: bool  # executed_host_arguments(graph, op, names) reads a graph
     native_attention: Callable[[], tuple[Any, Any, Any]] | None = None  # the device's own FIA
+    native_paged_attention: Callable[[], tuple[Any, Any]] | None = None  # its paged attention + workspace
 
 
 @runtime_checkable

@@ -13,6 +13,9 @@ Pure host logic (no torch, no backend):
 
 With torch, meeting an engine only through the object it is handed:
 
-* ``runner``: captures per key and executes plans; ``drafter``: the MTP draft model;
+* ``graph_wrapper``: vLLM Ascend's ``ACLGraphWrapper`` (capture per batch descriptor, replay,
+  eager passthrough, the debug input-address check) and the forward context it reads;
+* ``runner``: captures per key and executes plans through the wrappers; ``drafter``: the MTP
+  draft model;
   ``pipeline``: the three paths of every step, in lockstep.
 """

@@ -1,17 +1,20 @@
 """The graph-mode model runner under test: capture per key, then execute the plans it is given.
 
 This is where the domain meets an engine, through the torch.npu-shaped names only, so the
-same runner drives the emulator, CUDA graphs and ACL graphs. Like vLLM's ``CUDAGraphWrapper``
-it trusts the decision it is handed (a :class:`~harness.graph.plan.StepPlan`): it never
-dispatches, pads or builds metadata. It follows vLLM / vLLM Ascend:
+same runner drives the emulator, CUDA graphs and ACL graphs. Like vLLM's model runner it trusts
+the decision it is handed (a :class:`~harness.graph.plan.StepPlan`): it never dispatches, pads
+or builds metadata. Capture and replay go through graph wrappers
+(:mod:`harness.graph.graph_wrapper`, vLLM Ascend's ``ACLGraphWrapper``), and it follows vLLM /
+vLLM Ascend:
 
-* warm-up runs, then one capture per capture key, largest first, all into one shared pool;
-* PIECEWISE: L+1 graphs per bucket; attention runs eagerly between them on live host values,
-  its output copied into the static input of the next piece;
-* FULL: one graph per key; each attention layer's FIA is captured behind an ExternalEvent in a
-  task group, and after every replay its host parameters are updated on an update stream
-  (the protocol is :mod:`harness.ops.attention`; reference section 6);
-* inputs are copied into static buffers before replay.
+* one capture per capture key, largest first, all into one shared pool, each after warm-up runs
+  (runtime mode NONE, passed through the wrappers); capturing is legal only in that phase;
+* PIECEWISE: L+1 wrapped pieces per bucket; attention runs eagerly between them on live host
+  values, its output copied into the static buffer the next piece captured;
+* FULL: one wrapped forward per key; each attention layer's FIA is captured behind an
+  ExternalEvent in a task group, and after every replay its host parameters are updated on an
+  update stream (the protocol is :mod:`harness.ops.attention`; reference section 6);
+* inputs are copied into static buffers before replay (the wrappers keep none).
 
 Each fix of the runner has a switch (:class:`Fixes`), so a known-bad scenario can turn one
 off and show that the harness catches the bug it prevents.
@@ -19,13 +22,14 @@ off and show that the harness catches the bug it prevents.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 from torch import Tensor
 
 from harness.graph.dispatcher import BatchDescriptor
+from harness.graph.graph_wrapper import CaptureMonitor, GraphWrapper, get_forward_context, set_forward_context
 from harness.graph.metadata import AttentionMetadata
 from harness.graph.modes import CUDAGraphMode
 from harness.graph.plan import StepPlan
@@ -59,6 +63,8 @@ class RunnerConfig:
     max_blocks_per_req: int
     warmup_runs: int = 1
     fixes: Fixes = Fixes()
+    mode: CUDAGraphMode = CUDAGraphMode.FULL  # the configured mode: which wrappers exist
+    debug_input_addresses: bool = False  # the wrappers' replay-time address check (VLLM_LOGGING_LEVEL=DEBUG)
 
 
 def attention_heads(model: DecoderLM) -> AttentionHeads:
@@ -75,14 +81,28 @@ def fia_attend(model: DecoderLM, meta: AttentionMetadata, block_table: Tensor,
     def attend(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
         with fia_call_tags(layer=layer):
             kwargs = fia_kwargs(heads, meta.actual_seq_lengths, meta.seq_lens, block_table, style)
-            if not meta.query_slice:
-                return attend_eager(query, key_cache, value_cache, kwargs, style)
-            # vLLM Ascend's non-FULL path: query[:actual_seq_lengths_q[-1]], padding rows left zero
-            real = meta.actual_seq_lengths[-1] if meta.actual_seq_lengths else 0
-            out = attend_eager(query[:real], key_cache, value_cache, kwargs, style)
-            return torch.cat([out, out.new_zeros((query.shape[0] - real, *out.shape[1:]))])
+            return attend_live(query, key_cache, value_cache, meta, kwargs, style)
 
     return attend
+
+
+def attend_live(query: Tensor, key_cache: Tensor, value_cache: Tensor, meta: AttentionMetadata,
+                kwargs: dict[str, Any], style: AttentionStyle) -> Tensor:
+    """One eager FIA call with the live host lists ``kwargs`` of ``meta``."""
+    if not meta.query_slice:
+        return attend_eager(query, key_cache, value_cache, kwargs, style)
+    # vLLM Ascend's non-FULL path: query[:actual_seq_lengths_q[-1]], padding rows left zero
+    real = meta.actual_seq_lengths[-1] if meta.actual_seq_lengths else 0
+    out = attend_eager(query[:real], key_cache, value_cache, kwargs, style)
+    return torch.cat([out, out.new_zeros((query.shape[0] - real, *out.shape[1:]))])
+
+
+@dataclass(frozen=True)
+class LiveAttention:
+    """What attention reads from the forward context: the step's metadata and FIA's arguments."""
+
+    meta: AttentionMetadata
+    kwargs: dict[str, Any]
 
 
 @dataclass
@@ -115,22 +135,33 @@ class EagerRunner:
         return logits[: meta.num_actual_tokens]
 
 
-@dataclass(eq=False)
-class FullGraph:
-    graph: Any
-    logits: Tensor
-    layers: list[LayerTask] = field(default_factory=list)
+class _Piece:
+    """Piece ``index`` of the forward as a callable of tensors only (what a PIECEWISE wrapper wraps).
 
+    Arguments: the piece's inputs (``input_ids`` for piece 0; attention output and residual
+    after), then ``positions`` and ``slot_mapping``, so the wrapper's debug check sees every
+    tensor the piece's graph reads.
+    """
 
-@dataclass(eq=False)
-class PiecewiseGraphs:
-    graphs: list[Any]
-    outputs: list[tuple[Tensor, ...]]
-    attn_inputs: list[Tensor]  # static input of piece i+1: attention output of layer i
+    def __init__(self, model: DecoderLM, index: int, kv_cache: PagedKVCache) -> None:
+        self.model, self.index, self.kv_cache = model, index, kv_cache
+        self.__name__ = f"piece{index}"
+
+    def __call__(self, *args: Tensor) -> tuple[Tensor, ...]:
+        *inputs, positions, slot_mapping = args
+        return self.model.piece(self.index, tuple(inputs), positions, slot_mapping, self.kv_cache)
 
 
 class GraphRunner:
-    """Captures the graphs it is told to and executes plans through them."""
+    """Captures the graphs it is told to and executes plans through them.
+
+    The forward is built as vLLM builds it: the model's pieces, each behind a PIECEWISE
+    :class:`~harness.graph.graph_wrapper.GraphWrapper` when the configured mode has piecewise
+    graphs, with attention between them, and the whole behind one FULL wrapper when the mode has
+    full graphs. Every call of the graph path (warm-up, capture, replay, eager batch) goes through
+    these wrappers under a forward context, so which graph runs is the wrappers' decision from the
+    plan's runtime mode and batch descriptor, as upstream.
+    """
 
     def __init__(self, engine: Any, model: DecoderLM, kv_cache: PagedKVCache, config: RunnerConfig,
                  style: AttentionStyle = AttentionStyle()) -> None:
@@ -143,31 +174,103 @@ class GraphRunner:
         self.positions = torch.zeros(max_tokens, dtype=torch.int64)
         self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64)
         self.block_table = torch.zeros(self.max_reqs, config.max_blocks_per_req, dtype=torch.int32)
-        self.full: dict[BatchDescriptor, FullGraph] = {}
-        self.pieces: dict[int, PiecewiseGraphs] = {}
         self.update_stream = engine.Stream()
-        self.graphs_captured = 0
         self.streams_by_bucket: list[dict[str, Any]] = []
+        # What attention keeps per captured key: FULL graphs' task groups, PIECEWISE graphs'
+        # static attention outputs (the next piece's captured input).
+        self.layer_tasks: dict[BatchDescriptor, list[LayerTask]] = {}
+        self.attn_outputs: dict[BatchDescriptor, list[Tensor]] = {}
+        self.monitor = CaptureMonitor(enabled=False)  # capturing is legal only inside capture()
+        mode = config.mode
+        pool = engine.graph_pool_handle() if mode is not CUDAGraphMode.NONE else None
+        wrap = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses)
+        self.piece_wrappers: list[GraphWrapper] = []
+        pieces: list[Any] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
+        if mode.has_piecewise_cudagraphs():
+            self.piece_wrappers = [GraphWrapper(p, CUDAGraphMode.PIECEWISE, **wrap) for p in pieces]
+            pieces = list(self.piece_wrappers)
+        self.pieces = pieces
+        self.full_wrapper: GraphWrapper | None = None
+        self.forward: Any = self._forward
+        if mode.has_full_cudagraphs():
+            self.full_wrapper = self.forward = GraphWrapper(self._forward, CUDAGraphMode.FULL, name="forward", **wrap)
+
+    @property
+    def graphs_captured(self) -> int:
+        wrappers = [*self.piece_wrappers, *([self.full_wrapper] if self.full_wrapper else [])]
+        return sum(w.num_captured for w in wrappers)
+
+    # -- the forward the wrappers wrap ---------------------------------------------------------
+    def _forward(self, input_ids: Tensor, positions: Tensor, slot_mapping: Tensor) -> Tensor:
+        """The model forward: its pieces (maybe wrapped) with attention between them."""
+        outs = self.pieces[0](input_ids, positions, slot_mapping)
+        for layer in range(self.model.config.num_layers):
+            query, residual = outs
+            attn_out = self._attention(layer, query)
+            outs = self.pieces[layer + 1](attn_out, residual, positions, slot_mapping)
+        return outs[0]
+
+    def _attention(self, layer: int, query: Tensor) -> Tensor:
+        """Attention of ``layer`` as the forward context says: captured in a FULL graph's task
+        group, or eager with the step's live host lists (into a PIECEWISE key's static buffer)."""
+        context = get_forward_context()
+        live: LiveAttention = context.attn_metadata
+        kwargs = live.kwargs
+        key_cache, value_cache = self.kv_cache.key_cache[layer], self.kv_cache.value_cache[layer]
+        mode, style = context.runtime_mode, self.style
+        if mode is CUDAGraphMode.FULL and context.capturing and self.config.fixes.host_param_update:
+            with fia_call_tags(layer=layer):
+                task = capture_task_group(self.engine, query, key_cache, value_cache, kwargs)
+            self.layer_tasks.setdefault(context.batch_descriptor, []).append(task)
+            return style.combine(task.out, task.lse) if style.combine else task.out
+        between = mode is CUDAGraphMode.PIECEWISE
+        if between and self.monitor.enabled:
+            # The capturing forward of a PIECEWISE key: the next piece's graph captures this
+            # buffer's address, not its contents, and the warm-up runs already ran this
+            # attention eagerly on the same batch. Skipping the kernel here keeps a 40-layer
+            # capture phase cheap (the CPU reference FIA is the costly part).
+            return self._attention_buffer(context.batch_descriptor, layer, query)
+        # Eager: NONE, between PIECEWISE pieces, or (known-bad) FIA frozen into a FULL capture
+        # with no way to update its host lists.
+        with fia_call_tags(layer=layer, **({"phase": "between-pieces"} if between else {})):
+            out = attend_live(query, key_cache, value_cache, live.meta, kwargs, style)
+        if not between:
+            return out
+        buffer = self._attention_buffer(context.batch_descriptor, layer, out)
+        buffer.copy_(out)
+        return buffer
+
+    def _attention_buffer(self, key: BatchDescriptor, layer: int, like: Tensor) -> Tensor:
+        """The static attention output of ``layer`` for PIECEWISE ``key``: the next piece's input."""
+        buffers = self.attn_outputs.setdefault(key, [])
+        if len(buffers) <= layer:  # made by the key's capture, in layer order
+            buffers.append(torch.zeros_like(like))
+        return buffers[layer]
 
     # -- capture -----------------------------------------------------------------------------
     def capture(self, plans: Sequence[tuple[CUDAGraphMode, BatchDescriptor, AttentionMetadata]]) -> None:
-        """Capture one graph per key, each on its dummy batch (``StepPlanner.capture_plans``)."""
-        pool = self.engine.graph_pool_handle()
-        for runtime_mode, key, meta in plans:
-            with fia_call_tags(phase="warmup", bucket=key.num_tokens):
-                for _ in range(self.config.warmup_runs):
-                    self._run_eager(meta, [0] * key.num_tokens)
-            self._write_static(StepInputs(meta, [0] * key.num_tokens))
-            with fia_call_tags(phase="capture", bucket=key.num_tokens, graph=str(runtime_mode)):
-                try:
-                    if runtime_mode is CUDAGraphMode.FULL:
-                        self.full[key] = self._capture_full(key.num_tokens, meta, pool)
-                    else:
-                        self.pieces[key.num_tokens] = self._capture_pieces(key.num_tokens, pool)
-                except Exception as error:
-                    self._log_streams(runtime_mode, key, needed=getattr(error, "needed", None), failed=True)
-                    raise
-            self._log_streams(runtime_mode, key)
+        """Capture one graph per key, each on its dummy batch (``StepPlanner.capture_plans``):
+        warm-up runs (runtime mode NONE, through the wrappers), then the capturing call."""
+        self.monitor.enabled = True
+        try:
+            for runtime_mode, key, meta in plans:
+                inputs = StepInputs(meta, [0] * key.num_tokens)
+                self._write_static(inputs)
+                args, live = self._static_args(meta), self._live(meta, self.block_table)
+                with fia_call_tags(phase="warmup", bucket=key.num_tokens), \
+                        set_forward_context(CUDAGraphMode.NONE, None, live):
+                    for _ in range(self.config.warmup_runs):
+                        self.forward(*args)
+                with fia_call_tags(phase="capture", bucket=key.num_tokens, graph=str(runtime_mode)):
+                    try:
+                        with set_forward_context(runtime_mode, key, live):
+                            self.forward(*args)
+                    except Exception as error:
+                        self._log_streams(runtime_mode, key, needed=getattr(error, "needed", None), failed=True)
+                        raise
+                self._log_streams(runtime_mode, key)
+        finally:
+            self.monitor.enabled = False
 
     def _log_streams(self, runtime_mode: CUDAGraphMode, key: BatchDescriptor, needed: int | None = None,
                      failed: bool = False) -> None:
@@ -177,67 +280,47 @@ class GraphRunner:
         self.streams_by_bucket.append({"bucket": key.num_tokens, "mode": str(runtime_mode), "in_use": in_use,
                                        "needed": needed, "failed": failed})
 
-    def _capture_full(self, size: int, meta: AttentionMetadata, pool: Any) -> FullGraph:
-        engine = self.engine
-        graph = engine.NPUGraph()
-        layers: list[LayerTask] = []
-        kwargs = fia_kwargs(self.heads, meta.actual_seq_lengths, meta.seq_lens, self.block_table, self.style)
-        style = self.style
-
-        def attend(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
-            with fia_call_tags(layer=layer):
-                if not self.config.fixes.host_param_update:
-                    # The known-bad pipeline: FIA captured with no way to update its host lists.
-                    return attend_eager(query, key_cache, value_cache, kwargs, style)
-                task = capture_task_group(engine, query, key_cache, value_cache, kwargs)
-            layers.append(task)
-            return style.combine(task.out, task.lse) if style.combine else task.out
-
-        with engine.graph(graph, pool=pool):
-            logits = self.model(self.input_ids[:size], self.positions[:size], self.slot_mapping[:size],
-                                self.kv_cache, attend)
-        self.graphs_captured += 1
-        return FullGraph(graph, logits, layers)
-
-    def _capture_pieces(self, size: int, pool: Any) -> PiecewiseGraphs:
-        engine, model = self.engine, self.model
-        cfg = model.config
-        graphs, outputs, attn_inputs = [], [], []
-        inputs: tuple[Tensor, ...] = (self.input_ids[:size],)
-        for i in range(model.num_pieces):
-            graph = engine.NPUGraph()
-            with engine.graph(graph, pool=pool):
-                outs = model.piece(i, inputs, self.positions[:size], self.slot_mapping[:size], self.kv_cache)
-            self.graphs_captured += 1
-            graphs.append(graph)
-            outputs.append(outs)
-            if i < cfg.num_layers:
-                attn_in = torch.zeros(size, model.local_num_heads, cfg.head_dim, dtype=model.dtype)
-                attn_inputs.append(attn_in)
-                inputs = (attn_in, outs[1])
-        return PiecewiseGraphs(graphs, outputs, attn_inputs)
-
     # -- execution ---------------------------------------------------------------------------
     def execute(self, plan: StepPlan, input_ids: list[int]) -> tuple[Tensor, list[dict] | None]:
         """Run one plan; return the real rows' logits and the host lists the graph executed."""
         decision = plan.decision
         meta = plan.padded
         if decision is None or decision.runtime_mode is CUDAGraphMode.NONE:
-            return self._run_eager(meta, input_ids)[: meta.num_actual_tokens], None
-        inputs = StepInputs(meta, input_ids)
-        self._write_static(inputs)
-        if decision.runtime_mode is CUDAGraphMode.FULL:
-            full = self.full[decision.batch_descriptor]
-            self._replay_full(full, meta)
-            logits = full.logits
-            executed = self._executed(full.graph)
-        else:
-            logits = self._replay_pieces(self.pieces[decision.num_tokens_padded], meta)
-            executed = None
+            # Eager, through the wrappers (they pass it on): fresh tensors of the batch's own size.
+            args = (torch.tensor(input_ids, dtype=torch.int64), torch.tensor(meta.positions, dtype=torch.int64),
+                    torch.tensor(meta.slot_mapping, dtype=torch.int64))
+            with set_forward_context(CUDAGraphMode.NONE, None, self._live(meta, _block_table(meta))):
+                logits = self.forward(*args)
+            return logits[: meta.num_actual_tokens], None
+        self._write_static(StepInputs(meta, input_ids))
+        key, mode = decision.batch_descriptor, decision.runtime_mode
+        live = self._live(meta, self.block_table)
+        with set_forward_context(mode, key, live):
+            logits = self.forward(*self._static_args(meta))  # a replay (the runnable is not called)
+            if mode is CUDAGraphMode.FULL:
+                self._update_full_graph_params(key, live.kwargs)
+        self.engine.synchronize()
+        executed = self._executed(self.full_wrapper.graph_of(key)) \
+            if mode is CUDAGraphMode.FULL and self.full_wrapper is not None else None
         return logits[: meta.num_actual_tokens].clone(), executed
 
-    def _run_eager(self, meta: AttentionMetadata, input_ids: list[int]) -> Tensor:
-        return EagerRunner(self.model, self.kv_cache, self.style).execute(StepInputs(meta, input_ids))
+    def _update_full_graph_params(self, key: BatchDescriptor, kwargs: dict[str, Any]) -> None:
+        """After a FULL replay was launched (it stalls at each layer's event): update every
+        layer's FIA host lists on the update stream (vLLM Ascend ``update_full_graph_params``)."""
+        tasks = self.layer_tasks.get(key)
+        if not tasks:
+            return
+        caches = list(zip(self.kv_cache.key_cache, self.kv_cache.value_cache))
+        with fia_call_tags(phase="update"):
+            update_layers(self.engine, self.update_stream, tasks, caches, kwargs)
+
+    def _live(self, meta: AttentionMetadata, block_table: Tensor) -> LiveAttention:
+        return LiveAttention(meta, fia_kwargs(self.heads, meta.actual_seq_lengths, meta.seq_lens, block_table,
+                                              self.style))
+
+    def _static_args(self, meta: AttentionMetadata) -> tuple[Tensor, Tensor, Tensor]:
+        n = meta.num_input_tokens
+        return self.input_ids[:n], self.positions[:n], self.slot_mapping[:n]
 
     def _write_static(self, inputs: StepInputs) -> None:
         meta = inputs.meta
@@ -255,38 +338,16 @@ class GraphRunner:
         self.block_table.zero_()
         self.block_table[: meta.num_reqs_padded].copy_(_block_table(meta))
 
-    def _replay_full(self, full: FullGraph, meta: AttentionMetadata) -> None:
-        full.graph.replay()  # asynchronous: stalls at each layer's event until it is recorded
-        if full.layers:
-            kwargs = fia_kwargs(self.heads, meta.actual_seq_lengths, meta.seq_lens, self.block_table, self.style)
-            caches = list(zip(self.kv_cache.key_cache, self.kv_cache.value_cache))
-            with fia_call_tags(phase="update"):
-                update_layers(self.engine, self.update_stream, full.layers, caches, kwargs)
-        self.engine.synchronize()
-
-    def _replay_pieces(self, pieces: PiecewiseGraphs, meta: AttentionMetadata) -> Tensor:
-        engine, cfg = self.engine, self.model.config
-        attend = fia_attend(self.model, meta, self.block_table, self.style)
-        for i, graph in enumerate(pieces.graphs):
-            graph.replay()
-            engine.synchronize()
-            if i < cfg.num_layers:
-                query = pieces.outputs[i][0]
-                with fia_call_tags(phase="between-pieces"):
-                    out = attend(i, query, self.kv_cache.key_cache[i], self.kv_cache.value_cache[i])
-                pieces.attn_inputs[i].copy_(out)
-        return pieces.outputs[-1][0]
-
     def _executed(self, graph: Any) -> list[dict] | None:
         if not self.engine.capabilities.reports_executed_arguments:
             return None
         return self.engine.executed_host_arguments(graph, FIA_OP_NAME, ("actual_seq_lengths", "actual_seq_lengths_kv"))
 
     def release(self) -> None:
-        for full in self.full.values():
-            full.graph.reset()
-        for pieces in self.pieces.values():
-            for graph in pieces.graphs:
-                graph.reset()
-        self.full.clear()
-        self.pieces.clear()
+        for wrapper in [*self.piece_wrappers, *([self.full_wrapper] if self.full_wrapper else [])]:
+            for entry in wrapper.entries.values():
+                if entry.graph is not None:
+                    entry.graph.reset()
+            wrapper.entries.clear()
+        self.layer_tasks.clear()
+        self.attn_outputs.clear()

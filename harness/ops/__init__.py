@@ -12,8 +12,9 @@ Modules, read in this order:
 * :mod:`harness.ops.paged_attention` -- torch_npu's ``_npu_paged_attention`` (decode, host
   ``context_lens``) and a device-read variant, registered the same way.
 
-Importing this package registers the ops. It never imports torch_npu: the NPU engine installs
-the real op with :func:`set_native_impl`.
+Importing this package registers the ops. It never imports torch_npu: the session installs the
+NPU engine's real ops (``capabilities.native_attention``, ``native_paged_attention``) with
+:func:`set_native_impl` and :func:`set_native_paged_attention`.
 """
 
 from harness.ops.contract import (
@@ -42,6 +43,7 @@ from harness.ops.paged_attention import (
     npu_paged_attention,
     npu_paged_attention_device_lens,
     paged_attention_get_workspace,
+    set_native_paged_attention,
 )
 from harness.ops.observe import FiaCall, fia_call_tags, observe_fia_calls
 
@@ -71,6 +73,7 @@ __all__ = [
     "paged_attention_get_workspace",
     "register_updatable_ops",
     "set_native_impl",
+    "set_native_paged_attention",
     "shape_violation",
     "workspace_nbytes",
 ]

@@ -209,6 +209,9 @@ class GraphSpec(_Base):
         default=None, description="User max capture size; null = the platform default max."
     )
     warmup_runs: NonNeg(L.MAX_WARMUP_RUNS) = 1
+    debug_input_addresses: bool = Field(
+        default=False, description="Check at every replay that each input is at its captured address and "
+        "raise when not (vLLM's debug mode, VLLM_LOGGING_LEVEL=DEBUG); off by default, as upstream.")
 
     @field_validator("mode", mode="before")
     @classmethod

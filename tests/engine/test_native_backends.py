@@ -136,3 +136,65 @@ def test_npu_backend_loads_when_torch_npu_sees_a_device():
     npu = load("npu")
     assert npu.name == "npu" and npu.capabilities.task_updates
     assert resolve("auto") == "npu"
+
+
+# -- the device's own kernels, installed through the engine's capabilities ------------------------
+def _paged_attention_call(**over):
+    from harness.ops import npu_paged_attention, paged_attention_get_workspace
+
+    g = torch.Generator().manual_seed(0)
+    args = dict(query=torch.randn(2, 4, 8, generator=g), key_cache=torch.randn(4, 4, 2, 8, generator=g),
+                value_cache=torch.randn(4, 4, 2, 8, generator=g), num_kv_heads=2, num_heads=4,
+                scale_value=0.35, block_table=torch.tensor([[0, 1], [2, 3]], dtype=torch.int32))
+    out = torch.full_like(args["query"], float("nan"))
+    workspace = paged_attention_get_workspace(**args, context_lens=[5, 3], out=out)
+    npu_paged_attention(**args, context_lens=torch.tensor([5, 3], dtype=torch.int32), out=out, workspace=workspace)
+    return out
+
+
+def test_the_session_installs_the_engines_paged_attention_and_restores_the_reference():
+    """``capabilities.native_paged_attention`` routes ``_npu_paged_attention`` to the device op with
+    torch_npu's keyword names (as vLLM Ascend calls it); an engine without it gets the reference."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from harness.session import install_native_ops
+
+    calls: list[tuple[str, dict]] = []
+
+    def native_op(**kwargs):
+        calls.append(("op", kwargs))
+        kwargs["out"].fill_(7.0)
+
+    def native_workspace(**kwargs):
+        calls.append(("workspace", kwargs))
+        return torch.empty(3, dtype=torch.uint8)
+
+    emulated = load("emulated")
+    device = SimpleNamespace(capabilities=replace(emulated.capabilities,
+                                                  native_paged_attention=lambda: (native_op, native_workspace)))
+    reference = _paged_attention_call()
+    try:
+        install_native_ops(device)
+        out = _paged_attention_call()
+        assert torch.equal(out, torch.full_like(out, 7.0))
+        assert [kind for kind, _ in calls] == ["workspace", "op"]
+        op_kwargs = calls[1][1]
+        assert set(op_kwargs) == {"query", "key_cache", "value_cache", "num_kv_heads", "num_heads", "scale_value",
+                                  "block_table", "context_lens", "out", "workspace"}
+        assert op_kwargs["context_lens"].tolist() == [5, 3] and op_kwargs["workspace"].numel() == 3
+    finally:
+        install_native_ops(emulated)
+    assert torch.equal(_paged_attention_call(), reference)  # back on the CPU reference
+
+
+@needs_npu
+def test_npu_backend_declares_torch_npus_own_attention_kernels():
+    if not engine_mod.npu_available():
+        pytest.skip("torch_npu is installed but sees no NPU device")
+    import torch_npu
+
+    caps = load("npu").capabilities
+    assert caps.native_attention()[0] is torch_npu.npu_fused_infer_attention_score
+    assert caps.native_paged_attention() == (torch_npu._npu_paged_attention,
+                                             torch_npu._npu_paged_attention_get_workspace)
