@@ -15,6 +15,8 @@ import harness.report.html  # noqa: F401
 import harness.session  # noqa: F401
 from harness.engine import cuda_available
 
+from tests.pytester_project import harness_project
+
 pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,8 +33,7 @@ workload:
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeconftest('pytest_plugins = ["harness.pytest_plugin"]')
-    (pytester.path / "scenarios").mkdir()
+    (harness_project(pytester).path / "scenarios").mkdir()
     (pytester.path / "scenarios" / "good.yaml").write_text(GOOD)
     return pytester
 

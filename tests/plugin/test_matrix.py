@@ -8,6 +8,8 @@ import harness.pytest_plugin  # noqa: F401 - see tests/plugin/test_plugin.py: im
 import harness.report.html  # noqa: F401
 import harness.session  # noqa: F401
 
+from tests.pytester_project import harness_project
+
 pytest_plugins = ["pytester"]
 
 CROSS = """
@@ -37,8 +39,7 @@ workload:
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeconftest('pytest_plugins = ["harness.pytest_plugin"]')
-    (pytester.path / "scenarios").mkdir()
+    (harness_project(pytester).path / "scenarios").mkdir()
     return pytester
 
 

@@ -12,17 +12,10 @@ import harness.pytest_plugin  # noqa: F401
 import harness.report.html  # noqa: F401
 import harness.session  # noqa: F401
 
+from tests.pytester_project import TINY, harness_project
+
 pytest_plugins = ["pytester"]
 
-GOOD = """
-name: tiny
-graph: {{capture_sizes: [1, 2, 4]{mode}}}
-steps: 3
-workload:
-  requests:
-    - {{prompt_len: 3, output_len: 3}}
-{extra}
-"""
 
 
 def _write(pytester: pytest.Pytester, path: str, text: str) -> None:
@@ -33,12 +26,11 @@ def _write(pytester: pytest.Pytester, path: str, text: str) -> None:
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeconftest('pytest_plugins = ["harness.pytest_plugin"]')
-    return pytester
+    return harness_project(pytester)
 
 
 def test_matrix_points_become_items_with_selectable_ids(project):
-    _write(project, "scenarios/a.yaml", GOOD.format(mode="", extra="matrix:\n  graph.mode: [FULL, PIECEWISE]\n  model.dtype: [float32, bfloat16]"))
+    _write(project, "scenarios/a.yaml", TINY.format(mode="", extra="matrix:\n  graph.mode: [FULL, PIECEWISE]\n  model.dtype: [float32, bfloat16]"))
     result = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines([
         "scenarios/a.yaml::tiny[[]FULL-float32[]]",
@@ -51,9 +43,9 @@ def test_matrix_points_become_items_with_selectable_ids(project):
 
 
 def test_mode_option_intersects_with_the_mode_axis(project):
-    _write(project, "scenarios/axis.yaml", GOOD.format(mode="", extra="matrix:\n  graph.mode: [FULL, PIECEWISE, NONE]"))
-    _write(project, "scenarios/fixed.yaml", GOOD.format(mode=", mode: PIECEWISE", extra=""))
-    _write(project, "scenarios/free.yaml", GOOD.format(mode="", extra=""))
+    _write(project, "scenarios/axis.yaml", TINY.format(mode="", extra="matrix:\n  graph.mode: [FULL, PIECEWISE, NONE]"))
+    _write(project, "scenarios/fixed.yaml", TINY.format(mode=", mode: PIECEWISE", extra=""))
+    _write(project, "scenarios/free.yaml", TINY.format(mode="", extra=""))
     result = project.runpytest("--collect-only", "-q", "--mode=FULL,NONE", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines_random([
         "scenarios/axis.yaml::tiny[[]FULL[]]",
@@ -71,7 +63,7 @@ def test_bad_mode_is_a_usage_error(project):
 
 
 def test_bad_file_is_reported_with_line_and_field_while_the_rest_runs(project):
-    _write(project, "scenarios/good.yaml", GOOD.format(mode=", mode: FULL", extra=""))
+    _write(project, "scenarios/good.yaml", TINY.format(mode=", mode: FULL", extra=""))
     _write(project, "scenarios/bad.yaml", "name: bad\nmodel:\n  num_heads: 6\n  num_kv_heads: 4\nworkload:\n  requests: []\n")
     result = project.runpytest("-p", "no:cacheprovider", "-q")
     result.stdout.fnmatch_lines(["*scenarios/bad.yaml:4: model.num_kv_heads: 6 heads are not divisible by 4 KV heads*"])
@@ -82,23 +74,23 @@ def test_bad_file_is_reported_with_line_and_field_while_the_rest_runs(project):
 def test_known_bad_is_xfail_and_an_unexpected_pass_fails(project):
     bad = "fixes: {host_param_update: false}\nexpect:\n  fail: [stale_params]"
     wrong = "expect:\n  fail: [stale_params]"  # nothing is broken: it must not pass quietly
-    _write(project, "scenarios/bad.yaml", GOOD.format(mode=", mode: FULL", extra=bad))
-    _write(project, "scenarios/wrong.yaml", GOOD.format(mode=", mode: FULL", extra=wrong))
+    _write(project, "scenarios/bad.yaml", TINY.format(mode=", mode: FULL", extra=bad))
+    _write(project, "scenarios/wrong.yaml", TINY.format(mode=", mode: FULL", extra=wrong))
     result = project.runpytest("-p", "no:cacheprovider", "-rxf")
     result.assert_outcomes(xfailed=1, failed=1)
     result.stdout.fnmatch_lines(["*known-bad scenario passed unexpectedly: expected stale_params to fail*"])
 
 
 def test_skip_by_design_is_reported_as_skipped(project):
-    _write(project, "scenarios/skip.yaml", GOOD.format(mode=", mode: FULL", extra="expect: {skip: cascade attention excludes FULL}"))
+    _write(project, "scenarios/skip.yaml", TINY.format(mode=", mode: FULL", extra="expect: {skip: cascade attention excludes FULL}"))
     result = project.runpytest("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*unsupported by design: cascade attention excludes FULL*"])
 
 
 def test_json_results_and_junit_properties_are_written_even_when_items_fail(project):
-    _write(project, "scenarios/fail.yaml", GOOD.format(mode=", mode: FULL", extra="fixes: {fia_padding: false}"))
-    _write(project, "scenarios/ok.yaml", GOOD.format(mode=", mode: PIECEWISE", extra=""))
+    _write(project, "scenarios/fail.yaml", TINY.format(mode=", mode: FULL", extra="fixes: {fia_padding: false}"))
+    _write(project, "scenarios/ok.yaml", TINY.format(mode=", mode: PIECEWISE", extra=""))
     result = project.runpytest("-p", "no:cacheprovider", "--results-json=out/results.json", "--junitxml=out/junit.xml")
     result.assert_outcomes(passed=1, failed=1)
     data = json.loads((project.path / "out/results.json").read_text())
@@ -112,7 +104,7 @@ def test_json_results_and_junit_properties_are_written_even_when_items_fail(proj
 
 
 def test_html_report_embeds_the_item_explanation(project):
-    _write(project, "scenarios/bad.yaml", GOOD.format(mode=", mode: FULL", extra="fixes: {host_param_update: false}"))
+    _write(project, "scenarios/bad.yaml", TINY.format(mode=", mode: FULL", extra="fixes: {host_param_update: false}"))
     result = project.runpytest("-p", "no:cacheprovider", "--html=report.html", "--self-contained-html")
     result.assert_outcomes(failed=1)
     html = (project.path / "report.html").read_text()
@@ -125,7 +117,7 @@ def test_html_report_embeds_the_item_explanation(project):
 
 
 def test_xdist_workers_send_their_records_to_the_controller(project):
-    _write(project, "scenarios/a.yaml", GOOD.format(mode="", extra="matrix:\n  graph.mode: [FULL, PIECEWISE, NONE]"))
+    _write(project, "scenarios/a.yaml", TINY.format(mode="", extra="matrix:\n  graph.mode: [FULL, PIECEWISE, NONE]"))
     result = project.runpytest("-p", "no:cacheprovider", "-n", "2", "--results-json=r.json",
                                "--html=r.html", "--self-contained-html")  # pytest-metadata's table too
     result.assert_outcomes(passed=3)
@@ -153,8 +145,8 @@ def test_problems_only_the_harness_sees_still_name_file_line_and_field(project):
 
 def test_stack_option_sets_the_stack_of_scenarios_that_name_none(project):
     bad = "fixes: {fia_padding: false}\nexpect: {fail: [fia_invariant]}"
-    _write(project, "scenarios/pw.yaml", GOOD.format(mode=", mode: PIECEWISE", extra=bad))
-    _write(project, "scenarios/named.yaml", GOOD.format(mode=", mode: PIECEWISE", extra=bad + "\nstack: harness-compose")
+    _write(project, "scenarios/pw.yaml", TINY.format(mode=", mode: PIECEWISE", extra=bad))
+    _write(project, "scenarios/named.yaml", TINY.format(mode=", mode: PIECEWISE", extra=bad + "\nstack: harness-compose")
            .replace("name: tiny", "name: named"))
     # upstream slices the query in PIECEWISE: the known-bad file passes unexpectedly on the default stack
     result = project.runpytest("-p", "no:cacheprovider", "-rA")
@@ -168,7 +160,7 @@ def test_stack_option_sets_the_stack_of_scenarios_that_name_none(project):
 
 
 def test_unknown_stack_option_is_a_usage_error(project):
-    _write(project, "scenarios/ok.yaml", GOOD.format(mode="", extra=""))
+    _write(project, "scenarios/ok.yaml", TINY.format(mode="", extra=""))
     result = project.runpytest("-p", "no:cacheprovider", "--stack=v9")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--stack*invalid choice*v9*v0.23.0*"])

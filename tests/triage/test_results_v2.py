@@ -15,23 +15,15 @@ import harness.report.html  # noqa: F401
 import harness.session  # noqa: F401
 from harness.report.results import REPORT_ATTR, SCHEMA_VERSION, item_key
 
+from tests.pytester_project import TINY, harness_project
+
 pytest_plugins = ["pytester"]
 
-TINY = """
-name: tiny
-graph: {{capture_sizes: [1, 2, 4]{mode}}}
-steps: 3
-workload:
-  requests:
-    - {{prompt_len: 3, output_len: 3}}
-{extra}
-"""
 
 
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
-    pytester.makeconftest('pytest_plugins = ["harness.pytest_plugin"]')
-    return pytester
+    return harness_project(pytester)
 
 
 def _write(pytester: pytest.Pytester, path: str, text: str) -> None:

@@ -15,6 +15,7 @@ import harness.session  # noqa: F401
 from harness.cli import main
 from harness.narrow import NarrowError, find_point, narrow, split_target
 from harness.scenario import load_scenario_file
+from tests.pytester_project import harness_project
 
 pytest_plugins = ["pytester"]
 
@@ -39,8 +40,7 @@ EXPECT = "expect:\n  fail: [stale_params]\n"
 
 
 def test_removing_a_known_bad_expect_is_exactly_one_new_failure_in_every_format(pytester, capsys):
-    pytester.makeconftest('pytest_plugins = ["harness.pytest_plugin"]')
-    (pytester.path / "scenarios").mkdir()
+    (harness_project(pytester).path / "scenarios").mkdir()
     (pytester.path / "scenarios/ok.yaml").write_text(OK)
     (pytester.path / "scenarios/stale.yaml").write_text(KNOWN_BAD + EXPECT)
     pytester.runpytest("-p", "no:cacheprovider", "--results-json=base.json").assert_outcomes(passed=1, xfailed=1)
