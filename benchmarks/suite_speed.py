@@ -47,8 +47,8 @@ if str(ROOT) not in sys.path:
 
 SINGLE_RANK_FILES = ("scenarios/decode_buckets.yaml", "scenarios/features/feature_matrix.yaml")
 BUDGET_ITEMS = (
-    ("scenarios/features/stream_budget_policies.yaml", "PIECEWISE-legacy"),
-    ("scenarios/features/stream_budget_policies.yaml", "FULL-none"),
+    ("scenarios/features/stream_budget_policies.yaml", "PIECEWISE-v0.18.0"),
+    ("scenarios/features/stream_budget_policies.yaml", "FULL-v0.23.0"),
     ("scenarios/known_bad/stream_budget_none.yaml", ""),
 )
 TWO_RANK_ITEMS = ("FULL-sp2-decode", "FULL-dp2-decode", "FULL-cp2-decode")

@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from harness.model.config import ModelConfig
+from harness.model.kernels import ROW_BLOCK, row_linear  # noqa: F401 - re-exported
 from harness.model.kv_cache import PagedKVCache
 from harness.model.parallel import (
     SINGLE,
@@ -68,6 +69,11 @@ Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 
 HostList = Union[Sequence[int], Tensor]
 
+# The fused kernels (harness.model.kernels): one op each, so one node per call in a graph.
+_ROW_LINEAR = torch.ops.harness.row_linear.default
+_RMS_NORM = torch.ops.harness.rms_norm.default
+_SILU_AND_MUL = torch.ops.harness.silu_and_mul.default
+
 
 def attention_scale(config: ModelConfig) -> float:
     """Softmax scale used by both model kinds: ``1 / sqrt(head_dim)``."""
@@ -75,7 +81,7 @@ def attention_scale(config: ModelConfig) -> float:
 
 
 class RMSNorm(nn.Module):
-    """Row-wise RMSNorm computed in float32, cast back to the input dtype."""
+    """Row-wise RMSNorm computed in float32, cast back to the input dtype (one fused op)."""
 
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
@@ -83,37 +89,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        var = x32.pow(2).mean(dim=-1, keepdim=True)
-        y = x32 * torch.rsqrt(var + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
-
-
-#: Rows per block of :func:`row_linear`: every block is one GEMM of exactly this many rows.
-ROW_BLOCK = 8
-
-
-def row_linear(x: Tensor, weight: Tensor) -> Tensor:
-    """``x @ weight.T`` in fixed blocks of :data:`ROW_BLOCK` rows (batch-invariant), float32
-    accumulate, cast back.
-
-    A plain GEMM (``F.linear``) picks different kernels / blockings for different row counts
-    (on CPU, fp32 results of a row change with T for T = 1, 2, 3, 5, 6, 7, 9, ...), which would
-    make a real token's logits depend on the padding behind it. Here the rows are zero-padded to
-    a multiple of the block and multiplied with one batched GEMM whose every batch element is a
-    ``[ROW_BLOCK, in] x [in, out]`` product: each block runs the same kernel whatever T is, and
-    row ``i`` always sits at position ``i % ROW_BLOCK`` of a block, so its result does not depend
-    on T or on the rows after it. (One GEMM per row did the same with T times the calls' cost.)
-    """
-    t = x.shape[0]
-    rows = x.float()
-    pad = -t % ROW_BLOCK
-    if pad:
-        rows = torch.constant_pad_nd(rows, (0, 0, 0, pad))  # zero rows; F.pad adds Python overhead
-    blocks = rows.shape[0] // ROW_BLOCK
-    w = weight.float().t().expand(blocks, -1, -1)  # every block shares the weight: a stride-0 view
-    out = torch.bmm(rows.reshape(blocks, ROW_BLOCK, -1), w).reshape(blocks * ROW_BLOCK, -1)
-    return (out[:t] if pad else out).to(x.dtype)
+        return _RMS_NORM(x, self.weight, self.eps)
 
 
 class RowLinear(nn.Module):
@@ -125,7 +101,7 @@ class RowLinear(nn.Module):
         self.weight = nn.Parameter(torch.zeros(out_features, in_features), requires_grad=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return row_linear(x, self.weight)
+        return _ROW_LINEAR(x, self.weight)
 
 
 class Embedding(nn.Module):
@@ -209,7 +185,7 @@ class DecoderLayer(nn.Module):
         t = attn_out.shape[0]
         h = residual + self._reduce(self.o_proj(attn_out.reshape(t, -1).to(residual.dtype)))
         x = self._gather(self.post_norm(h))
-        return h + self._reduce(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+        return h + self._reduce(self.down_proj(_SILU_AND_MUL(self.gate_proj(x), self.up_proj(x))))
 
 
 class DecoderLM(nn.Module):

@@ -198,8 +198,10 @@ class PagedKVCache:
         return self.config.block_size
 
     def write(self, layer: int, key: Tensor, value: Tensor, slot_mapping: Tensor) -> None:
-        """Graph-safe in-place write of layer ``layer``'s K/V rows (see :func:`write_kv`)."""
-        write_kv(self.key_cache[layer], self.value_cache[layer], key, value, slot_mapping)
+        """Graph-safe in-place write of layer ``layer``'s K/V rows (:func:`write_kv`, as the one
+        op ``harness::reshape_and_cache``: one node in a graph; see :mod:`harness.model.kernels`)."""
+        torch.ops.harness.reshape_and_cache.default(
+            key, value, self.key_cache[layer], self.value_cache[layer], slot_mapping)
 
     def zero_(self) -> None:
         """Zero every cache tensor in place (addresses unchanged)."""

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
+import operator
 from collections.abc import Iterator, Sequence
 from typing import Literal, get_args
 
@@ -104,7 +106,10 @@ def bounds_violation(
             "actual_seq_lengths_kv",
             f"has {len(kv)} entries but actual_seq_lengths has {len(q_cum)} (one per request)",
         )
-    for i, value in enumerate(q_cum):
+    # The loops below find and word a problem; a valid list (the common case, up to max_num_seqs
+    # entries per call) is recognised at C speed first.
+    q_ok = min(q_cum) >= 0 and all(map(operator.le, q_cum, itertools.islice(q_cum, 1, None)))
+    for i, value in enumerate(() if q_ok else q_cum):
         if value < 0:
             return "actual_seq_lengths", f"element {i} is negative ({value})"
         if i > 0 and value < q_cum[i - 1]:
@@ -121,7 +126,8 @@ def bounds_violation(
     if len(q_cum) > rows:
         return "block_table", f"has {rows} rows but the call has {len(q_cum)} requests"
     capacity = max_blocks * block_size
-    for i, value in enumerate(kv):
+    kv_ok = not kv or (min(kv) >= 0 and max(kv) <= capacity)
+    for i, value in enumerate(() if kv_ok else kv):
         if value < 0:
             return "actual_seq_lengths_kv", f"element {i} is negative ({value})"
         if value > capacity:

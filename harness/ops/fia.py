@@ -90,7 +90,11 @@ def register_updatable_ops(engine: Any) -> None:
 
 
 def _as_tuple(values: Sequence[int] | None) -> tuple[int, ...]:
-    return () if values is None else tuple(int(v) for v in values)
+    if values is None:
+        return ()
+    values = tuple(values)
+    # a host list of up to max_num_seqs plain ints is the common case: checked at C speed
+    return values if set(map(type, values)) <= {int} else tuple(map(int, values))
 
 
 def _host_list(name: str, values: Sequence[int] | None) -> list[int] | None:
@@ -99,7 +103,7 @@ def _host_list(name: str, values: Sequence[int] | None) -> list[int] | None:
         return None
     if isinstance(values, Tensor):
         raise FiaArgumentError(name, "must be a host list of ints, not a tensor (reading it is a host sync)")
-    return [int(v) for v in values]
+    return list(values) if set(map(type, values)) <= {int} else [int(v) for v in values]
 
 
 def _validate(

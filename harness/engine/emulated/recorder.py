@@ -115,12 +115,23 @@ _IMMUTABLE = (int, float, bool, str, complex, type(None), torch.dtype, torch.dev
 _KEPT = frozenset({*_IMMUTABLE, torch.Tensor, torch.nn.Parameter, torch.Size})
 
 
+#: Element types of a flat host list (``actual_seq_lengths``: up to max_num_seqs ints) that
+#: the walks below handle at C speed, without a Python call per element.
+_SCALARS = frozenset({int, float, bool})
+
+
+def _flat_scalars(value: list | tuple) -> bool:
+    return set(map(type, value)) <= _SCALARS
+
+
 def _frozen(value: Any) -> Any:
     """Deep-copy everything but tensors: host values are frozen at capture time."""
     kind = type(value)
     if kind in _KEPT or isinstance(value, torch.Tensor):
         return value
     if kind is tuple or kind is list:
+        if _flat_scalars(value):
+            return value if kind is tuple else list(value)
         return kind(_frozen(v) for v in value)
     if isinstance(value, (list, tuple)):
         return kind(_frozen(v) for v in value)
@@ -148,6 +159,8 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 def _collect(value: Any, found: list[torch.Tensor]) -> None:
     if isinstance(value, (list, tuple)):
+        if _flat_scalars(value):
+            return
         for v in value:
             if isinstance(v, torch.Tensor):
                 found.append(v)
@@ -183,6 +196,8 @@ def _signature(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return (value.shape, value.stride(), value.dtype, value.device, value.storage_offset())
     if isinstance(value, (list, tuple)):
+        if _flat_scalars(value):  # types too: 1, 1.0 and True are equal keys
+            return (type(value), tuple(map(type, value)), tuple(value))
         return (type(value), *map(_signature, value))
     if isinstance(value, dict):
         return tuple((k, _signature(v)) for k, v in value.items())
