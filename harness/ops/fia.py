@@ -165,6 +165,7 @@ class _Observed:
         self._fields = dict(kind=kind, T=T, actual_seq_lengths=q, actual_seq_lengths_kv=kv,
                             num_reqs=num_reqs, contract=contract, strict_ok=strict_ok,
                             relaxed_ok=relaxed_ok, layout=layout)
+        self.accepted = False  # True: the active contract is known to accept the call
 
     def __enter__(self) -> None:
         return None
@@ -205,11 +206,15 @@ def _host_tiling(
             raise
     args = (query, key, value, q, kv, block_table, block_size, num_heads, num_key_value_heads,
             input_layout, sparse_mode)
+    strict_ok = _accepts("strict", *args)
+    relaxed_ok = strict_ok or _accepts("relaxed", *args)  # relaxed only loosens strict's rule
     observed = _Observed(
         kind, T, _as_tuple(q), _as_tuple(kv), T if input_layout == "BNSD" else len(q or ()), name,
-        strict_ok=_accepts("strict", *args), relaxed_ok=_accepts("relaxed", *args),
-        layout=str(input_layout),
+        strict_ok=strict_ok, relaxed_ok=relaxed_ok, layout=str(input_layout),
     )
+    # Whether the active contract accepts the call, when already known ("off" only loosens
+    # relaxed's): the wrapper then skips validating a third time.
+    observed.accepted = strict_ok if name == "strict" else relaxed_ok
     return observed, name, q, kv
 
 
@@ -248,8 +253,9 @@ def npu_fused_infer_attention_score(
         block_table, block_size, num_heads, num_key_value_heads, input_layout, sparse_mode,
     )
     with observed:
-        _validate(name, query, key, value, q, kv, block_table, block_size, num_heads,
-                  num_key_value_heads, input_layout, sparse_mode)
+        if not observed.accepted:  # raises the host tiling's error, inside the observation
+            _validate(name, query, key, value, q, kv, block_table, block_size, num_heads,
+                      num_key_value_heads, input_layout, sparse_mode)
         kwargs = dict(
             actual_seq_lengths=q, actual_seq_lengths_kv=kv, block_table=block_table,
             block_size=block_size, num_heads=num_heads, num_key_value_heads=num_key_value_heads,
@@ -293,8 +299,9 @@ def npu_fused_infer_attention_score_out(
     with observed:
         if len(out) != 2:
             raise FiaArgumentError("out", f"must be (attention_out, softmax_lse), got {len(out)} tensors")
-        _validate(name, query, key, value, q, kv, block_table, block_size, num_heads,
-                  num_key_value_heads, input_layout, sparse_mode)
+        if not observed.accepted:  # raises the host tiling's error, inside the observation
+            _validate(name, query, key, value, q, kv, block_table, block_size, num_heads,
+                      num_key_value_heads, input_layout, sparse_mode)
         kwargs = dict(
             actual_seq_lengths=q, actual_seq_lengths_kv=kv, block_table=block_table,
             block_size=block_size, num_heads=num_heads, num_key_value_heads=num_key_value_heads,

@@ -62,9 +62,12 @@ def _fresh_float32(x: Tensor) -> Tensor:
 
 
 def _gather_kv(cache: Tensor, block_ids: Tensor, kv_len: int, block_size: int) -> Tensor:
-    """The first ``kv_len`` tokens of a request, as float32 ``[num_kv_heads, kv_len, D]``."""
+    """The first ``kv_len`` tokens of a request, as float32 ``[num_kv_heads, kv_len, D]``.
+
+    ``block_ids``: the request's block-table row, int64, at least ``ceil(kv_len / block_size)``
+    long."""
     num_blocks = -(-kv_len // block_size)
-    blocks = cache.index_select(0, block_ids[:num_blocks].to(torch.int64))
+    blocks = cache.index_select(0, block_ids[:num_blocks])
     tokens = blocks.reshape(num_blocks * block_size, cache.shape[2], cache.shape[3])[:kv_len]
     return _fresh_float32(tokens.transpose(0, 1))
 
@@ -92,17 +95,17 @@ def attend_request(
         k = k.repeat_interleave(group, dim=0)
         v = v.repeat_interleave(group, dim=0)
     scores = torch.matmul(q, k.transpose(1, 2)) * scale
-    if causal:
+    if causal and q_len > 1:  # one query row sees every key (k - 1 + 0 = last): nothing to hide
         last_visible = torch.arange(q_len, device=q.device).unsqueeze(1) + (kv_len - q_len)
         hidden = torch.arange(kv_len, device=q.device).unsqueeze(0) > last_visible
         scores = scores.masked_fill(hidden, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)
     weights = torch.exp(scores - row_max)
     denom = weights.sum(dim=-1, keepdim=True)
     seen = denom > 0
-    out = torch.matmul(weights, v) / torch.where(seen, denom, torch.ones_like(denom))
-    out = torch.where(seen, out, torch.zeros_like(out))
+    out = torch.matmul(weights, v) / torch.where(seen, denom, 1.0)
+    out = torch.where(seen, out, 0.0)
     lse = (row_max + torch.log(denom)).squeeze(-1)  # log(0) = -inf for rows that see nothing
     return out, lse
 
@@ -128,12 +131,13 @@ def paged_attention_into(
     out.zero_()
     if lse is not None:
         lse.fill_(float("-inf"))
+    block_rows = block_table.to(torch.int64)  # index_select's index type, converted once per call
     for span in spans:
         q_len = span.q_end - span.q_start
         if q_len <= 0 or span.kv_len <= 0:
             continue  # nothing to see: the zeros / -inf written above stand
         q = _fresh_float32(query[span.q_start : span.q_end].transpose(0, 1))
-        block_ids = block_table[span.block_row]
+        block_ids = block_rows[span.block_row]
         k = _gather_kv(key, block_ids, span.kv_len, block_size)
         v = _gather_kv(value, block_ids, span.kv_len, block_size)
         o, s = attend_request(q, k, v, scale=scale, causal=causal)

@@ -26,17 +26,28 @@ class PoolHandle:
     id: int
 
 
+def _poison_value(dtype: torch.dtype) -> float | bool | int:
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    if dtype == torch.bool:
+        return True
+    return torch.iinfo(dtype).min
+
+
+#: The poison of each dtype, looked up once: every allocation of a capture is poisoned.
+_POISON: dict[torch.dtype, float | bool | int] = {}
+
+
 def _poison(t: torch.Tensor) -> None:
     """Fill fresh graph memory with values that cannot pass for real results."""
-    if t.dtype.is_floating_point or t.dtype.is_complex:
-        t.fill_(float("nan"))
-    elif t.dtype == torch.bool:
-        t.fill_(True)
-    else:
-        t.fill_(torch.iinfo(t.dtype).min)
+    value = _POISON.get(t.dtype)
+    if value is None:
+        value = _POISON[t.dtype] = _poison_value(t.dtype)
+    t.fill_(value)
 
 
-def _nbytes_for(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> int:
+def nbytes_for(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes a tensor of this size and stride spans (0 if it has no element)."""
     if any(s == 0 for s in size):
         return 0
     extent = 1 + sum((s - 1) * st for s, st in zip(size, stride))
@@ -77,9 +88,13 @@ class MemoryPool:
     def bytes_reserved(self) -> int:
         return sum(b.nbytes for b in self.blocks)
 
-    def allocate(self, size, stride, dtype: torch.dtype, graph: str) -> tuple[torch.Tensor, Block]:
+    def allocate(self, size, stride, dtype: torch.dtype, graph: str,
+                 nbytes: int | None = None) -> tuple[torch.Tensor, Block]:
+        """A poisoned tensor of ``size``/``stride`` on a free block of the pool or a new one.
+
+        ``nbytes`` is :func:`nbytes_for` of the same arguments, when the caller knows it."""
         size, stride = tuple(size), tuple(stride)
-        need = _nbytes_for(size, stride, dtype)
+        need = nbytes_for(size, stride, dtype) if nbytes is None else nbytes
         block = self._take_free(need)
         if block is None:
             block = Block(torch.UntypedStorage(max(need, 1)), owner=graph)

@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_map
 
 from ..errors import CAPTURE_SYNC_MESSAGE, CaptureError
 from . import dispatch_mode, rng
-from .pool import Block, MemoryPool
+from .pool import Block, MemoryPool, nbytes_for
 from .streams import ExternalEvent, WaitFor
 
 NodeKind = Literal["functional", "mutating", "view", "allocation"]
@@ -185,6 +185,7 @@ class _TensorSpec:
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: torch.dtype
+    nbytes: int
 
 
 def _signature(value: Any) -> Any:
@@ -208,7 +209,8 @@ def _signature(value: Any) -> Any:
 
 def _spec_of(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
-        return _TensorSpec(tuple(value.shape), tuple(value.stride()), value.dtype)
+        shape, stride = tuple(value.shape), tuple(value.stride())
+        return _TensorSpec(shape, stride, value.dtype, nbytes_for(shape, stride, value.dtype))
     if isinstance(value, (list, tuple)):
         return type(value)(_spec_of(v) for v in value)
     return value
@@ -361,6 +363,8 @@ class Capture:
 
     def _aliased_returns(self, func, args, kwargs) -> Any:
         schema = func._schema
+        if not schema.returns:  # e.g. FIA .out, reshape_and_cache: nothing to hand back
+            return None
         bound = dict(zip([a.name for a in schema.arguments], args))
         bound.update(kwargs)
         outs = []
@@ -374,17 +378,18 @@ class Capture:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _allocate_outputs(self, func, args, kwargs) -> Any:
-        def allocate(spec: Any) -> Any:
-            if isinstance(spec, _TensorSpec):
-                tensor, block = self.pool.allocate(spec.shape, spec.stride, spec.dtype, self.graph_name)
-                self.blocks.append(block)
-                self.allocated.append(tensor)
-                return tensor
-            if isinstance(spec, (list, tuple)):
-                return type(spec)(allocate(s) for s in spec)
-            return spec
+        return self._allocate(_infer_outputs(func, args, kwargs))
 
-        return allocate(_infer_outputs(func, args, kwargs))
+    def _allocate(self, spec: Any) -> Any:
+        """Pool tensors in the structure of ``spec`` (non-tensor outputs are kept as they are)."""
+        if type(spec) is _TensorSpec:
+            tensor, block = self.pool.allocate(spec.shape, spec.stride, spec.dtype, self.graph_name, spec.nbytes)
+            self.blocks.append(block)
+            self.allocated.append(tensor)
+            return tensor
+        if isinstance(spec, (list, tuple)):
+            return type(spec)(self._allocate(s) for s in spec)
+        return spec
 
     # -- end of capture ----------------------------------------------------------------------
     def release_intermediates(self) -> None:
