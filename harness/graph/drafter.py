@@ -17,7 +17,19 @@ from harness.graph.scheduler import Step
 from harness.model import DecoderLM, PagedKVCache
 from harness.ops import fia_call_tags
 
-__all__ = ["Drafter"]
+__all__ = ["Drafter", "draft_model"]
+
+
+def draft_model(target: DecoderLM, num_layers: int = 1) -> DecoderLM:
+    """A single-rank model of the target's first ``num_layers`` layers, its embeddings, final
+    norm and LM head (the target's own tensors: a draft model holds no weights of its own).
+
+    Built once per item and shared by the drafters of every path: the model is stateless
+    (each drafter has its own KV cache)."""
+    config = replace(target.config, num_layers=min(num_layers, target.config.num_layers))
+    kept = {k: v for k, v in target.state_dict().items()
+            if not k.startswith("layers.") or int(k.split(".")[1]) < config.num_layers}
+    return DecoderLM(config, state=kept)
 
 
 class Drafter:
@@ -29,11 +41,10 @@ class Drafter:
     metadata for an unpadded input.
     """
 
-    def __init__(self, target: DecoderLM, num_speculative_tokens: int, num_layers: int = 1) -> None:
-        config = replace(target.config, num_layers=min(num_layers, target.config.num_layers))
-        self.model = DecoderLM(config)
-        shared = target.state_dict()
-        self.model.load_state_dict({k: v for k, v in shared.items() if k in self.model.state_dict()})
+    def __init__(self, model: DecoderLM, num_speculative_tokens: int) -> None:
+        """``model``: the draft model (:func:`draft_model`), shared with other paths' drafters."""
+        config = model.config
+        self.model = model
         self.kv_cache = PagedKVCache(config)
         self.k = num_speculative_tokens
         self.seen: dict[str, int] = {}

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
-from harness.graph.drafter import Drafter
+from harness.graph.drafter import Drafter, draft_model
 from harness.graph.metadata import AttentionMetadata, build_attention_metadata
 from harness.graph.modes import CUDAGraphMode
 from harness.graph.plan import PlanKind, PlannerConfig, StepPlan, StepPlanner
@@ -102,7 +102,8 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
     register_updatable_ops(engine)
     reference_model = build_model(spec.model)
     model = rank_model(reference_model) if rank_model else reference_model
-    paths = {name: _new_path(name, spec, reference_model if name == "reference" else model, reference_model)
+    draft = draft_model(reference_model, spec.drafter_layers) if spec.num_speculative_tokens else None
+    paths = {name: _new_path(name, spec, reference_model if name == "reference" else model, draft)
              for name in PATHS}
     style = next((s for f in spec.features if (s := f.attention_style(ctx)) is not None), AttentionStyle())
     # One planner per path that is dispatched: each path has its own scheduler state.
@@ -159,7 +160,7 @@ def plain_greedy_texts(spec: PipelineSpec, model: DecoderLM) -> dict[str, list[i
     return {req: ids[path.prompt_lengths[req]:] for req, ids in path.tokens.items()}
 
 
-def _new_path(name: str, spec: PipelineSpec, model: DecoderLM, full_model: DecoderLM | None = None) -> Path:
+def _new_path(name: str, spec: PipelineSpec, model: DecoderLM, draft: DecoderLM | None = None) -> Path:
     m, w = spec.model, spec.workload
     q = 1 + spec.num_speculative_tokens
     if w.explicit:
@@ -172,8 +173,7 @@ def _new_path(name: str, spec: PipelineSpec, model: DecoderLM, full_model: Decod
         lengths = {r.req_id: r.prompt_len for r in w.requests}
     tokens = prompt_tokens(list(lengths), list(lengths.values()), m.vocab_size, w.prompt_seed)
     # The drafter is a small single-rank model on every rank, cut from the full target.
-    drafter = Drafter(full_model or model, spec.num_speculative_tokens, spec.drafter_layers) \
-        if spec.num_speculative_tokens else None
+    drafter = Drafter(draft, spec.num_speculative_tokens) if draft is not None else None
     return Path(name, batcher, model, make_kv_cache(model.config, model.parallel), tokens, lengths, drafter)
 
 

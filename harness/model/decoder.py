@@ -200,7 +200,10 @@ class DecoderLM(nn.Module):
     (and the MLP width) must be divisible by tp (``ValueError`` otherwise).
     """
 
-    def __init__(self, config: ModelConfig, parallel: ParallelContext | None = None) -> None:
+    def __init__(self, config: ModelConfig, parallel: ParallelContext | None = None, *,
+                 state: dict[str, Tensor] | None = None) -> None:
+        """``state``: the full (unsharded) weights to load instead of generating them from the
+        seed (a draft model cut from its target); the keys must be exactly this model's."""
         super().__init__()
         self.config = config
         self.parallel: ParallelContext = parallel if parallel is not None else SINGLE
@@ -215,16 +218,16 @@ class DecoderLM(nn.Module):
         self.lm_head = _linear(h, config.vocab_size)
         for p in self.parameters():
             p.requires_grad_(False)
-        self._load_initial_weights()
+        self._load_initial_weights(state)
         self.eval()
 
     # ------------------------------------------------------------------ weights
-    def _load_initial_weights(self) -> None:
-        if self.config.kind == "canary":
+    def _load_initial_weights(self, state: dict[str, Tensor] | None = None) -> None:
+        if state is None and self.config.kind == "canary":
             from harness.model.canary import canary_state_dict
 
             state = canary_state_dict(self.config)
-        else:
+        elif state is None:
             state = random_state_dict(self.config)
         state = shard_state_dict(state, self.parallel)
         own = self.state_dict()
