@@ -17,13 +17,15 @@ What it runs, all in this process unless said otherwise (one torch thread, as th
 * ``--two-rank``: two-rank items of the feature matrix (SP, DP, CP), run as the suite runs them
   (:mod:`harness.ranks`: whatever rank processes it provides);
 * ``--commands``: ``make scenarios`` and ``make test`` as whole commands, in a subprocess
-  (minutes; their output goes to ``reports/bench-scenarios.log`` and ``reports/bench-test.log``).
+  (minutes; their output goes to ``reports/bench-scenarios.log`` and ``reports/bench-test.log``);
+  ``--nightly``: ``make nightly``, the full cross product (tens of minutes; ``bench-nightly.log``).
 
 Usage (repository root)::
 
     .venv/bin/python benchmarks/suite_speed.py            # single-rank + 40-layer, ~1-2 min
     .venv/bin/python benchmarks/suite_speed.py --quick    # fewer items and import runs
     .venv/bin/python benchmarks/suite_speed.py --two-rank --commands
+    .venv/bin/python benchmarks/suite_speed.py --no-items --nightly   # the full cross product
 
 It prints a markdown table and writes ``reports/bench-suite.json`` (``--out`` to change).
 """
@@ -51,8 +53,10 @@ BUDGET_ITEMS = (
     ("scenarios/features/stream_budget_policies.yaml", "FULL-v0.23.0"),
     ("scenarios/known_bad/stream_budget_none.yaml", ""),
 )
-TWO_RANK_ITEMS = ("FULL-sp2-decode", "FULL-dp2-decode", "FULL-cp2-decode")
+TWO_RANK_ITEMS = ("FULL-sp2-uniform", "FULL-dp2-uniform", "FULL-cp2-uniform")
 COMMANDS = (("make scenarios", ["make", "scenarios"]), ("make test", ["make", "test"]))
+NIGHTLY = ("make nightly", ["make", "nightly"])  # the full cross product: 4,200 items
+TARGETS = {"make scenarios": "< 15x", "make test": "< 3 min", "make nightly": "< 15 min"}
 
 
 @dataclass
@@ -136,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer items and import runs")
     parser.add_argument("--two-rank", action="store_true", help="also time two-rank items")
     parser.add_argument("--commands", action="store_true", help="also time `make scenarios` and `make test`")
+    parser.add_argument("--nightly", action="store_true",
+                        help="also time `make nightly` (the full cross product; tens of minutes)")
     parser.add_argument("--no-budget", action="store_true", help="skip the 40-layer stream-budget items")
+    parser.add_argument("--no-items", action="store_true", help="time only the whole commands")
     parser.add_argument("--make-args", default="",
                         help="extra make arguments for --commands, e.g. 'VENV=/path/.venv -o /path/.venv/.installed'")
     parser.add_argument("--out", default="reports/bench-suite.json")
@@ -155,15 +162,17 @@ def main(argv: list[str] | None = None) -> int:
     harness_import.wall.append(time.perf_counter() - start)
     harness_import.cpu.append(time.process_time() - cpu0)
 
-    chosen = single_rank_points(args.quick)
-    first = Timing("first single-rank item in the process (untimed in the median)")
-    time_point(first, chosen[0])
-    single = Timing(f"single-rank item ({len(chosen)} items, median)")
-    for point in chosen:
-        time_point(single, point)
-    rows: list[tuple[Timing, str]] = [(harness_import, ""), (first, ""), (single, "< 0.1x")]
+    rows: list[tuple[Timing, str]] = [(harness_import, "")]
+    if not args.no_items:
+        chosen = single_rank_points(args.quick)
+        first = Timing("first single-rank item in the process (untimed in the median)")
+        time_point(first, chosen[0])
+        single = Timing(f"single-rank item ({len(chosen)} items, median)")
+        for point in chosen:
+            time_point(single, point)
+        rows += [(first, ""), (single, "< 0.1x")]
 
-    if not args.no_budget:
+    if not args.no_budget and not args.no_items:
         for path, ident in BUDGET_ITEMS:
             budget = Timing(f"40-layer stream-budget item {Path(path).stem}[{ident}]" if ident
                             else f"40-layer stream-budget item {Path(path).stem}")
@@ -171,20 +180,21 @@ def main(argv: list[str] | None = None) -> int:
                 time_point(budget, point)
             rows.append((budget, "< 2x"))
 
-    if args.two_rank:
+    if args.two_rank and not args.no_items:
         pairs = Timing(f"two-rank item ({len(TWO_RANK_ITEMS)} items, median)")
         for point in points("scenarios/features/feature_matrix.yaml", set(TWO_RANK_ITEMS)):
             time_point(pairs, point)
         rows.append((pairs, "< 1x"))
 
-    if args.commands:
-        for label, command in COMMANDS:
+    commands = [*(COMMANDS if args.commands else ()), *((NIGHTLY,) if args.nightly else ())]
+    if commands:
+        for label, command in commands:
             whole = Timing(f"`{label}` (whole command)")
             log = ROOT / "reports" / f"bench-{command[-1]}.log"
             log.parent.mkdir(exist_ok=True)
             code = time_command(whole, [*command, *args.make_args.split()], log=log)
             whole.notes.append(f"exit status {code} (output: {log.relative_to(ROOT)})")
-            rows.append((whole, "< 15x" if label == "make scenarios" else "< 3 min"))
+            rows.append((whole, TARGETS[label]))
 
     time_torch_import(unit, import_runs)  # again at the end: the machine's load drifts
     print_table(unit, rows)
