@@ -70,3 +70,16 @@ def test_a_captured_decoder_layer_records_each_fused_kernel_as_one_node(npu):
         model.layers[0].pre_attention(residual, slots, cache)
     names = [n.name for n in graph.nodes if isinstance(n, OpNode) and n.kind != "view"]
     assert names == ["harness::rms_norm", *["harness::row_linear"] * 3, "harness::reshape_and_cache"]
+
+
+def test_opcheck():
+    """torch.library's own checks of each op: schema (mutation annotations), fake kernel,
+    autograd registration, AOT dispatch. Inference-only ops: no input requires grad."""
+    g = torch.Generator().manual_seed(3)
+    x, up = torch.randn(2, 5, 16, generator=g).unbind(0)
+    torch.library.opcheck(torch.ops.harness.row_linear.default, (x, torch.randn(24, 16, generator=g)))
+    torch.library.opcheck(torch.ops.harness.rms_norm.default, (x, torch.ones(16), 1e-6))
+    torch.library.opcheck(torch.ops.harness.silu_and_mul.default, (x, up))
+    key, value = torch.randn(2, 3, 2, 8, generator=g).unbind(0)
+    torch.library.opcheck(torch.ops.harness.reshape_and_cache.default,
+                          (key, value, torch.zeros(4, 4, 2, 8), torch.zeros(4, 4, 2, 8), torch.tensor([5, -1, 9])))
