@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal
 
@@ -398,13 +399,15 @@ class Capture:
         Reference counting decides liveness, as the caching allocator does: a tensor held only
         by the tape is an intermediate; one the caller holds is an output and keeps its block.
         """
-        internal: dict[int, int] = {}
+        held: list[torch.Tensor] = list(self.allocated)  # every reference the tape holds
         for node in self.nodes:
             if isinstance(node, OpNode):
-                for t in _tensors((node.args, node.kwargs, node.outputs)):
-                    internal[id(t)] = internal.get(id(t), 0) + 1
-        for t in self.allocated:
-            internal[id(t)] = internal.get(id(t), 0) + 1
+                _collect(node.args, held)
+                if node.kwargs:
+                    _collect(node.kwargs, held)
+                held.extend(node.outputs)
+        internal = Counter(map(id, held))
+        del held  # its references would count as the caller's
         live = set()
         for t in self.allocated:
             # getrefcount's own argument and the loop variable account for 2 references.
