@@ -13,7 +13,7 @@ between them, so both paths run the same arithmetic (bitwise equal).
 Everything inside a piece is graph-safe: no host syncs (``.item()``, ``.tolist()``,
 ``bool(tensor)``), no data-dependent shapes or boolean-mask indexing, no branching on tensor
 values, no RNG. Every op except attention works row by row, and projections use a batched
-fixed-block GEMM (:func:`row_linear`, float32 accumulate) rather than a plain GEMM, so
+fixed-block GEMM (:func:`~harness.model.kernels.row_linear`, float32 accumulate) rather than a plain GEMM, so
 a real token's result does not depend on how many padded rows follow it (bitwise on CPU).
 
 Tensor / sequence parallel (:mod:`harness.model.parallel`): ``DecoderLM(config, parallel=ctx)``
@@ -49,8 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import harness.model.kernels  # noqa: F401 - registers the harness:: ops the layers call
 from harness.model.config import ModelConfig
-from harness.model.kernels import ROW_BLOCK, row_linear  # noqa: F401 - re-exported
 from harness.model.kv_cache import PagedKVCache
 from harness.model.parallel import (
     SINGLE,
@@ -93,7 +93,7 @@ class RMSNorm(nn.Module):
 
 
 class RowLinear(nn.Module):
-    """Bias-free linear layer (``weight [out, in]``) evaluated with :func:`row_linear`."""
+    """Bias-free linear layer (``weight [out, in]``): :func:`~harness.model.kernels.row_linear`."""
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()

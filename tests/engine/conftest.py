@@ -1,11 +1,9 @@
-"""Fixtures for the engine tests: a fresh emulated device per test, and a tiny host-list op."""
+"""Fixtures for the engine tests: a tiny host-list op (the fresh emulated device, `npu`, is tests/conftest.py's)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from harness.engine import load
 from harness.engine.emulated.recorder import register_updatable_op
 
 _lib = torch.library.Library("enginetest", "DEF")
@@ -37,11 +35,3 @@ register_updatable_op("enginetest::scale_rows")
 
 scale_rows = torch.ops.enginetest.scale_rows
 
-
-@pytest.fixture
-def npu():
-    """The emulated backend on a fresh device (streams, pools and budget start empty)."""
-    backend = load("emulated")
-    backend.reset_device()
-    yield backend
-    backend.reset_device()

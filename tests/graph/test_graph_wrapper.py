@@ -20,7 +20,6 @@ import logging
 import pytest
 import torch
 
-from harness.engine import load
 from harness.graph.dispatcher import BatchDescriptor, Dispatcher
 from harness.graph.graph_wrapper import (
     CaptureDisabledError,
@@ -39,11 +38,9 @@ KEY = BatchDescriptor(num_tokens=30)
 
 
 @pytest.fixture
-def engine():
-    backend = load("emulated")
-    backend.reset_device()
-    yield backend
-    backend.reset_device()
+def engine(npu):
+    """The emulated backend on a fresh device (``npu``, tests/conftest.py), by the runner's name."""
+    return npu
 
 
 class Counting:

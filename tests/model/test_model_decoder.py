@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from harness.model import DecoderLM, ModelConfig, PagedKVCache, build_model, make_eager_attend
-from harness.model.decoder import row_linear
+from harness.model.kernels import row_linear
 from model_helpers import SMALL, make_batch, run_batch, small_model, tiny_reference_fia
 
 KINDS = ["random", "canary"]

@@ -6,19 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.engine import load
 from harness.engine.emulated.recorder import OpNode
 from harness.model import kernels
 from harness.model.kv_cache import PagedKVCache, write_kv
 from model_helpers import small_model
-
-
-@pytest.fixture
-def npu():
-    backend = load("emulated")
-    backend.reset_device()
-    yield backend
-    backend.reset_device()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
