@@ -35,7 +35,7 @@ from harness.model import DecoderLM, ModelConfig
 from harness.model.parallel import ParallelContext
 from harness.ranks import run_ranks
 from harness.ops import set_native_impl, set_native_paged_attention
-from harness.scenario import Scenario, ScenarioPoint
+from harness.scenario import Scenario, ScenarioPoint, locate
 from harness.scenario.bounds import MAX_WORLD_SIZE
 from harness.scenario.limits import rank_timeout
 from harness.stacks import StackProfile, profile
@@ -265,8 +265,6 @@ def _locate_rows(check: CheckResult | None, point: ScenarioPoint) -> None:
     """Name the file line of each mismatching dispatch row (``expect.dispatch[2] (line 31)``)."""
     if check is None or check.passed:
         return
-    from harness.scenario import locate
-
     lines: dict[int, int | None] = {}
     for entry in check.details.get("table_mismatches", []):
         i = entry["row"]

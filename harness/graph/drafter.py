@@ -22,7 +22,7 @@ __all__ = ["Drafter", "draft_model"]
 
 def draft_model(target: DecoderLM, num_layers: int = 1) -> DecoderLM:
     """A single-rank model of the target's first ``num_layers`` layers, its embeddings, final
-    norm and LM head (the target's own tensors: a draft model holds no weights of its own).
+    norm and LM head, loaded from the target's weights (none generated from the seed).
 
     Built once per item and shared by the drafters of every path: the model is stateless
     (each drafter has its own KV cache)."""

@@ -89,12 +89,9 @@ def register_updatable_ops(engine: Any) -> None:
 # --------------------------------------------------------------------------- validation
 
 
-def _as_tuple(values: Sequence[int] | None) -> tuple[int, ...]:
-    if values is None:
-        return ()
-    values = tuple(values)
-    # a host list of up to max_num_seqs plain ints is the common case: checked at C speed
-    return values if set(map(type, values)) <= {int} else tuple(map(int, values))
+def _as_tuple(values: list[int] | None) -> tuple[int, ...]:
+    """A :func:`_host_list` result as a tuple (its elements are plain ints already)."""
+    return () if values is None else tuple(values)
 
 
 def _host_list(name: str, values: Sequence[int] | None) -> list[int] | None:
@@ -103,6 +100,7 @@ def _host_list(name: str, values: Sequence[int] | None) -> list[int] | None:
         return None
     if isinstance(values, Tensor):
         raise FiaArgumentError(name, "must be a host list of ints, not a tensor (reading it is a host sync)")
+    # a host list of up to max_num_seqs plain ints is the common case: checked at C speed
     return list(values) if set(map(type, values)) <= {int} else [int(v) for v in values]
 
 
@@ -161,11 +159,11 @@ class _Observed:
 
     def __init__(self, kind: FiaCallKind, T: int, q: tuple[int, ...], kv: tuple[int, ...],
                  num_reqs: int, contract: str, strict_ok: bool, relaxed_ok: bool,
-                 layout: str = "TND") -> None:
+                 layout: str = "TND", accepted: bool = False) -> None:
         self._fields = dict(kind=kind, T=T, actual_seq_lengths=q, actual_seq_lengths_kv=kv,
                             num_reqs=num_reqs, contract=contract, strict_ok=strict_ok,
                             relaxed_ok=relaxed_ok, layout=layout)
-        self.accepted = False  # True: the active contract is known to accept the call
+        self.accepted = accepted  # True: the active contract is known to accept the call
 
     def __enter__(self) -> None:
         return None
@@ -211,10 +209,10 @@ def _host_tiling(
     observed = _Observed(
         kind, T, _as_tuple(q), _as_tuple(kv), T if input_layout == "BNSD" else len(q or ()), name,
         strict_ok=strict_ok, relaxed_ok=relaxed_ok, layout=str(input_layout),
+        # whether the active contract accepts the call, when already known ("off" only loosens
+        # relaxed's): the wrapper then skips validating a third time
+        accepted=strict_ok if name == "strict" else relaxed_ok,
     )
-    # Whether the active contract accepts the call, when already known ("off" only loosens
-    # relaxed's): the wrapper then skips validating a third time.
-    observed.accepted = strict_ok if name == "strict" else relaxed_ok
     return observed, name, q, kv
 
 

@@ -11,6 +11,7 @@ each graph and each pool hold.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ class PoolHandle:
     id: int
 
 
+@functools.cache  # looked up once per dtype: every allocation of a capture is poisoned
 def _poison_value(dtype: torch.dtype) -> float | bool | int:
     if dtype.is_floating_point or dtype.is_complex:
         return float("nan")
@@ -34,16 +36,9 @@ def _poison_value(dtype: torch.dtype) -> float | bool | int:
     return torch.iinfo(dtype).min
 
 
-#: The poison of each dtype, looked up once: every allocation of a capture is poisoned.
-_POISON: dict[torch.dtype, float | bool | int] = {}
-
-
 def _poison(t: torch.Tensor) -> None:
     """Fill fresh graph memory with values that cannot pass for real results."""
-    value = _POISON.get(t.dtype)
-    if value is None:
-        value = _POISON[t.dtype] = _poison_value(t.dtype)
-    t.fill_(value)
+    t.fill_(_poison_value(t.dtype))
 
 
 def nbytes_for(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> int:
