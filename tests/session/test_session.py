@@ -95,3 +95,28 @@ def test_an_item_that_compared_nothing_does_not_pass():
     result = run_point(dataclasses.replace(point, scenario=scenario), backend="emulated")
     assert not result.record.steps
     assert result.outcome == FAILED and result.verdict.startswith("nothing was compared")
+
+
+def test_the_cyclic_collector_is_paused_while_a_pipeline_runs_and_back_after(monkeypatch):
+    """Paused during the run (a crash included), restored after; left off if it was off."""
+    import gc
+
+    import harness.session as session
+
+    seen = []
+
+    def pipeline(*args, **kwargs):
+        seen.append(gc.isenabled())
+        raise RuntimeError("pipeline exploded")
+
+    monkeypatch.setattr(session, "run_pipeline", pipeline)
+    (point,) = load_scenario_text(SCENARIO)
+    assert gc.isenabled()
+    assert run_point(point, backend="emulated").outcome == FAILED
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        run_point(point, backend="emulated")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
