@@ -62,14 +62,12 @@ def _fresh_float32(x: Tensor) -> Tensor:
     return x.to(torch.float32, copy=True, memory_format=torch.contiguous_format)
 
 
-def _gather_kv(cache: Tensor, block_ids: Tensor, kv_len: int, block_size: int) -> Tensor:
+def _gather_kv(cache: Tensor, block_ids: Tensor, kv_len: int) -> Tensor:
     """The first ``kv_len`` tokens of a request, as float32 ``[num_kv_heads, kv_len, D]``.
 
-    ``block_ids``: the request's block-table row, int64, at least ``ceil(kv_len / block_size)``
-    long."""
-    num_blocks = -(-kv_len // block_size)
-    blocks = cache.index_select(0, block_ids[:num_blocks])
-    tokens = blocks.reshape(num_blocks * block_size, cache.shape[2], cache.shape[3])[:kv_len]
+    ``block_ids``: int64, exactly the request's first ``ceil(kv_len / block_size)`` blocks."""
+    blocks = cache.index_select(0, block_ids)
+    tokens = blocks.reshape(-1, cache.shape[2], cache.shape[3])[:kv_len]
     return _fresh_float32(tokens.transpose(0, 1))
 
 
@@ -151,9 +149,9 @@ def paged_attention_into(
         if q_len <= 0 or span.kv_len <= 0:
             continue  # nothing to see: the zeros / -inf written above stand
         q = _fresh_float32(query[span.q_start : span.q_end].transpose(0, 1))
-        block_ids = block_rows[span.block_row]
-        k = _gather_kv(key, block_ids, span.kv_len, block_size)
-        v = _gather_kv(value, block_ids, span.kv_len, block_size)
+        block_ids = block_rows[span.block_row, : -(-span.kv_len // block_size)]  # one slice for K and V
+        k = _gather_kv(key, block_ids, span.kv_len)
+        v = _gather_kv(value, block_ids, span.kv_len)
         o, s = attend_request(q, k, v, scale=scale, causal=causal)
         out[span.q_start : span.q_end].copy_(o.transpose(0, 1))
         if lse is not None:
