@@ -4,8 +4,9 @@ Kept apart from :mod:`harness.pytest_plugin` so that file only calls in here:
 
 * ``--matrix=pairwise|full``: for scenario files that declare ``matrix_selection: pairwise``
   (the shipped cross product), which points become items. Default: pairwise, a covering
-  array of every pair of axis values (:mod:`harness.scenario.cross`) at the fewest ranks it
-  finds (each point's cost is its world size); ``full`` is every point, for nightly runs. Files without the declaration always expand fully, as before.
+  array of every pair of axis values (:mod:`harness.scenario.cross`), cheapened to fewer ranks
+  (a point costs its world size); ``full`` is every point, for nightly runs. Files without the
+  declaration always expand fully, as before.
 * markers: ``cross_product`` on every item of such a file, ``slow`` on items of scenarios that
   say ``slow: true``;
 * a wall-clock limit on every scenario item through pytest-timeout (its ``timeout_s``, else
