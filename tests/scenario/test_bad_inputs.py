@@ -51,6 +51,7 @@ def _peak_memory(fn) -> int:
     On Linux the kernel's high-water mark (VmHWM) is reset through ``/proc/self/clear_refs``,
     so the peak costs nothing to watch; tracemalloc, the fallback elsewhere, hooks every
     allocation and made the largest of these loads four times slower."""
+    _trim_heap()  # first: the peak is then reset to the trimmed resident set, not above it
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # 5: reset the peak RSS to the current RSS
@@ -61,7 +62,6 @@ def _peak_memory(fn) -> int:
             return tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-    _trim_heap()
     before = _status_kib("VmRSS")
     fn()
     return (_status_kib("VmHWM") - before) * 1024
