@@ -48,33 +48,29 @@ def row_linear(x: Tensor, weight: Tensor) -> Tensor:
     on T or on the rows after it. (One GEMM per row did the same with T times the calls' cost.)
     """
     t = x.shape[0]
-    rows = _float32(x)
+    rows = _cast(x, torch.float32)
     pad = -t % ROW_BLOCK
     if pad:
         rows = torch.constant_pad_nd(rows, (0, 0, 0, pad))  # zero rows; F.pad adds Python overhead
     blocks = rows.shape[0] // ROW_BLOCK
-    w = _float32(weight).t().expand(blocks, -1, -1)  # every block shares the weight: a stride-0 view
+    w = _cast(weight, torch.float32).t().expand(blocks, -1, -1)  # every block shares the weight: a stride-0 view
     out = torch.bmm(rows.reshape(blocks, ROW_BLOCK, -1), w).reshape(blocks * ROW_BLOCK, -1)
     return _cast(out[:t] if pad else out, x.dtype)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Row-wise RMSNorm computed in float32, cast back to ``x``'s dtype."""
-    x32 = _float32(x)
+    x32 = _cast(x, torch.float32)
     var = x32.pow(2).mean(dim=-1, keepdim=True)
     y = x32 * torch.rsqrt(var + eps)
-    return _cast(y * _float32(weight), x.dtype)
-
-
-def _float32(t: Tensor) -> Tensor:
-    """``t.float()`` without the dispatcher round trip when it would return ``t`` itself.
-
-    The decoder calls these kernels hundreds of times per item, and on CPU each op's fixed
-    cost (microseconds) outweighs the arithmetic of these tiny shapes."""
-    return t if t.dtype is torch.float32 else t.float()
+    return _cast(y * _cast(weight, torch.float32), x.dtype)
 
 
 def _cast(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t.to(dtype)`` without the dispatcher round trip when it would return ``t`` itself.
+
+    The decoder calls these kernels hundreds of times per item, and on CPU each op's fixed
+    cost (microseconds) outweighs the arithmetic of these tiny shapes."""
     return t if t.dtype is dtype else t.to(dtype)
 
 

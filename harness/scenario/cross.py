@@ -24,6 +24,7 @@ order) for :func:`harness.scenario.loader.load_scenario_file`'s ``combinations``
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import Counter
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
@@ -100,13 +101,7 @@ def _cheapen(rows: list[Index], allowed: Sequence[Sequence[int]], ok: Callable[[
     dearest first. Deterministic: the order of rows and values decides every tie.
     """
     rows = list(rows)
-    price: dict[Index, float] = {}
-
-    def dear(idx: Index) -> float:
-        if idx not in price:
-            price[idx] = cost(idx)
-        return price[idx]
-
+    dear = functools.cache(cost)  # a point's cost is asked for again and again
     covered = Counter(pair for row in rows for pair in _pairs(row))
     moved = True
     while moved:
