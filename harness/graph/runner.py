@@ -179,6 +179,7 @@ class GraphRunner:
         # What attention keeps per captured key: FULL graphs' task groups, PIECEWISE graphs'
         # static attention outputs (the next piece's captured input).
         self.layer_tasks: dict[BatchDescriptor, list[LayerTask]] = {}
+        self.workspaces: dict[int, Tensor] = {}  # FIA's workspace per capture size, shared by its layers
         self.attn_outputs: dict[BatchDescriptor, list[Tensor]] = {}
         self.monitor = CaptureMonitor(enabled=False)  # capturing is legal only inside capture()
         mode = config.mode
@@ -219,8 +220,11 @@ class GraphRunner:
         key_cache, value_cache = self.kv_cache.key_cache[layer], self.kv_cache.value_cache[layer]
         mode, style = context.runtime_mode, self.style
         if mode is CUDAGraphMode.FULL and context.capturing and self.config.fixes.host_param_update:
+            num_tokens = query.shape[0]
             with fia_call_tags(layer=layer):
-                task = capture_task_group(self.engine, query, key_cache, value_cache, kwargs)
+                task = capture_task_group(self.engine, query, key_cache, value_cache, kwargs,
+                                          workspace=self.workspaces.get(num_tokens))
+            self.workspaces.setdefault(num_tokens, task.workspace)
             self.layer_tasks.setdefault(context.batch_descriptor, []).append(task)
             return style.combine(task.out, task.lse) if style.combine else task.out
         between = mode is CUDAGraphMode.PIECEWISE
@@ -267,6 +271,8 @@ class GraphRunner:
                             self.forward(*args)
                     except Exception as error:
                         self._log_streams(runtime_mode, key, needed=getattr(error, "needed", None), failed=True)
+                        # a failed capture gives its memory back: a workspace it made must not outlive it
+                        self.workspaces.pop(key.num_tokens, None)
                         raise
                 self._log_streams(runtime_mode, key)
         finally:
@@ -350,4 +356,5 @@ class GraphRunner:
                     entry.graph.reset()
             wrapper.entries.clear()
         self.layer_tasks.clear()
+        self.workspaces.clear()
         self.attn_outputs.clear()

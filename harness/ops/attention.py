@@ -98,10 +98,17 @@ class LayerTask:
 
 
 def capture_task_group(engine: Any, query: Tensor, key_cache: Tensor, value_cache: Tensor,
-                       kwargs: dict[str, Any]) -> LayerTask:
-    """Inside a capture: event wait + reset, task group begin, FIA ``.out``, task group end."""
+                       kwargs: dict[str, Any], workspace: Tensor | None = None) -> LayerTask:
+    """Inside a capture: event wait + reset, task group begin, FIA ``.out``, task group end.
+
+    ``workspace`` is the capture size's workspace once an earlier layer has made it: vLLM Ascend
+    queries ``get_max_workspace`` once per size (``graph_params.workspaces[num_tokens]``) and
+    every layer of that size's graphs shares the buffer, since graphs never replay at once.
+    ``None`` makes it here.
+    """
     stream = engine.current_stream()
-    workspace = get_max_workspace(query, key_cache, value_cache, **kwargs)
+    if workspace is None:
+        workspace = get_max_workspace(query, key_cache, value_cache, **kwargs)
     out = torch.empty_like(query)
     lse = torch.empty(query.shape[0], query.shape[1], 1, dtype=torch.float32)
     event = engine.ExternalEvent()

@@ -417,3 +417,36 @@ def _dummy_meta(spec):
 
     planner = StepPlanner(spec.planner_config(), spec.features)
     return next(meta for _, key, meta in planner.capture_plans() if key.num_tokens == 8)
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_DECODE_ONLY"])
+def test_runner_shares_one_workspace_per_capture_size(mode):
+    """vLLM Ascend asks FIA for its workspace once per capture size (``graph_params.workspaces``):
+    every layer of every FULL graph of that size updates into the same buffer."""
+    from harness.engine import load as load_engine
+    from harness.graph.plan import StepPlanner
+    from harness.graph.runner import GraphRunner, RunnerConfig
+    from harness.model import build_model
+    from harness.model.parallel import make_kv_cache
+    from harness.session import build_spec
+
+    (spec, _, _) = build_spec(_point_scenario(mode))
+    model = build_model(spec.model)
+    engine = load_engine("emulated")
+    engine.reset_device()
+    runner = GraphRunner(engine, model, make_kv_cache(model.config, model.parallel),
+                         RunnerConfig(max(spec.graph.capture_sizes), spec.graph.max_num_seqs, spec.max_blocks_per_req,
+                                      mode=spec.graph.mode))
+    runner.capture(StepPlanner(spec.planner_config(), spec.features).capture_plans())
+    try:
+        assert runner.layer_tasks
+        for key, tasks in runner.layer_tasks.items():
+            assert len(tasks) == model.config.num_layers == 2
+            assert all(task.workspace is runner.workspaces[key.num_tokens] for task in tasks)
+        sizes = {key.num_tokens for key in runner.layer_tasks}
+        assert set(runner.workspaces) == sizes
+        assert len({ws.data_ptr() for ws in runner.workspaces.values()}) == len(sizes)  # one buffer per size
+    finally:
+        runner.release()
+        engine.reset_device()
+    assert not runner.workspaces
