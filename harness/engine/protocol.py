@@ -26,6 +26,11 @@ class StreamConfig:
     per_graph: int = 1
     per_comm_group: int = 2
 
+    def __post_init__(self) -> None:
+        # A device has streams and a graph takes at least one (the scenario schema says the same).
+        if self.pool_size < 1 or self.per_graph < 1 or self.per_comm_group < 0:
+            raise ValueError(f"stream config needs pool_size >= 1, per_graph >= 1 and per_comm_group >= 0, got {self}")
+
 
 @dataclass(frozen=True)
 class DeviceRules:

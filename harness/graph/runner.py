@@ -266,13 +266,15 @@ class GraphRunner:
                     for _ in range(self.config.warmup_runs):
                         self.forward(*args)
                 with fia_call_tags(phase="capture", bucket=key.num_tokens, graph=str(runtime_mode)):
+                    had_workspaces = set(self.workspaces)
                     try:
                         with set_forward_context(runtime_mode, key, live):
                             self.forward(*args)
                     except Exception as error:
                         self._log_streams(runtime_mode, key, needed=getattr(error, "needed", None), failed=True)
                         # a failed capture gives its memory back: a workspace it made must not outlive it
-                        self.workspaces.pop(key.num_tokens, None)
+                        for size in set(self.workspaces) - had_workspaces:
+                            del self.workspaces[size]
                         raise
                 self._log_streams(runtime_mode, key)
         finally:

@@ -59,3 +59,9 @@ def test_streams_per_graph_is_configurable(npu):
     x = torch.ones(2)
     g, _ = _capture(npu, lambda: x + 1)
     assert g.streams_held == 5 and npu.stream_usage()["in_use"] == 5
+
+
+@pytest.mark.parametrize("bad", [dict(pool_size=0), dict(per_graph=0), dict(per_comm_group=-1)])
+def test_a_stream_config_without_streams_is_refused(bad):
+    with pytest.raises(ValueError, match="stream config needs"):
+        StreamConfig(**bad)

@@ -419,10 +419,8 @@ def _dummy_meta(spec):
     return next(meta for _, key, meta in planner.capture_plans() if key.num_tokens == 8)
 
 
-@pytest.mark.parametrize("mode", ["FULL", "FULL_DECODE_ONLY"])
-def test_runner_shares_one_workspace_per_capture_size(mode):
-    """vLLM Ascend asks FIA for its workspace once per capture size (``graph_params.workspaces``):
-    every layer of every FULL graph of that size updates into the same buffer."""
+def _capturing_runner(mode: str, streams=None):
+    """A runner of the 2-layer scenario in ``mode`` on a fresh emulated device, and its capture plans."""
     from harness.engine import load as load_engine
     from harness.graph.plan import StepPlanner
     from harness.graph.runner import GraphRunner, RunnerConfig
@@ -433,11 +431,19 @@ def test_runner_shares_one_workspace_per_capture_size(mode):
     (spec, _, _) = build_spec(_point_scenario(mode))
     model = build_model(spec.model)
     engine = load_engine("emulated")
-    engine.reset_device()
+    engine.reset_device(*([streams] if streams else []))
     runner = GraphRunner(engine, model, make_kv_cache(model.config, model.parallel),
                          RunnerConfig(max(spec.graph.capture_sizes), spec.graph.max_num_seqs, spec.max_blocks_per_req,
                                       mode=spec.graph.mode))
-    runner.capture(StepPlanner(spec.planner_config(), spec.features).capture_plans())
+    return engine, model, runner, StepPlanner(spec.planner_config(), spec.features).capture_plans()
+
+
+@pytest.mark.parametrize("mode", ["FULL", "FULL_DECODE_ONLY"])
+def test_runner_shares_one_workspace_per_capture_size(mode):
+    """vLLM Ascend asks FIA for its workspace once per capture size (``graph_params.workspaces``):
+    every layer of every FULL graph of that size updates into the same buffer."""
+    engine, model, runner, plans = _capturing_runner(mode)
+    runner.capture(plans)
     try:
         assert runner.layer_tasks
         for key, tasks in runner.layer_tasks.items():
@@ -450,3 +456,21 @@ def test_runner_shares_one_workspace_per_capture_size(mode):
         runner.release()
         engine.reset_device()
     assert not runner.workspaces
+
+
+def test_a_failed_capture_keeps_no_workspace_it_made():
+    """With one stream the second FULL graph fails when its capture ends: the pool takes its
+    memory back, so the runner keeps the first size's workspace and not the one the failed
+    capture made."""
+    from harness.engine import StreamConfig
+
+    engine, _, runner, plans = _capturing_runner("FULL", StreamConfig(pool_size=1))
+    with pytest.raises(Exception, match="stream"):
+        runner.capture(plans)
+    try:
+        ok, failed = runner.streams_by_bucket
+        assert not ok["failed"] and failed["failed"] and ok["bucket"] != failed["bucket"]
+        assert set(runner.workspaces) == {ok["bucket"]}
+    finally:
+        runner.release()
+        engine.reset_device()
