@@ -388,39 +388,16 @@ def test_runner_keeps_every_input_at_its_captured_address(mode):
 
 def test_runner_refuses_a_capture_after_its_capture_phase():
     """A key the dispatcher names but nobody captured raises (vLLM's monitor), never captures lazily."""
-    from harness.engine import load as load_engine
-    from harness.graph.runner import GraphRunner, RunnerConfig
-    from harness.model import build_model
-    from harness.model.parallel import make_kv_cache
-    from harness.session import build_spec
-
-    (spec, _, _) = build_spec(_point_scenario("FULL"))
-    model = build_model(spec.model)
-    engine = load_engine("emulated")
-    runner = GraphRunner(engine, model, make_kv_cache(model.config, model.parallel),
-                         RunnerConfig(8, 8, spec.max_blocks_per_req, mode=FULL))
+    _, _, runner, plans = _capturing_runner("FULL")
     runner.capture([])
+    dummy = next(meta for _, key, meta in plans if key.num_tokens == 8)
     with pytest.raises(CaptureDisabledError):
         with set_forward_context(FULL, BatchDescriptor(8)):
-            runner.forward(*runner._static_args(_dummy_meta(spec)))
-
-
-def _point_scenario(mode: str):
-    from harness.scenario import load_scenario_text
-
-    (point,) = load_scenario_text(RUNNER_SCENARIO.format(mode=mode, debug="false"))
-    return point.scenario
-
-
-def _dummy_meta(spec):
-    from harness.graph.plan import StepPlanner
-
-    planner = StepPlanner(spec.planner_config(), spec.features)
-    return next(meta for _, key, meta in planner.capture_plans() if key.num_tokens == 8)
+            runner.forward(*runner._static_args(dummy))
 
 
 def _capturing_runner(mode: str, streams=None):
-    """A runner of the 2-layer scenario in ``mode`` on a fresh emulated device, and its capture plans."""
+    """The 2-layer scenario's spec in ``mode``, a runner of it on a fresh emulated device, and its capture plans."""
     from harness.engine import load as load_engine
     from harness.graph.plan import StepPlanner
     from harness.graph.runner import GraphRunner, RunnerConfig
@@ -435,19 +412,26 @@ def _capturing_runner(mode: str, streams=None):
     runner = GraphRunner(engine, model, make_kv_cache(model.config, model.parallel),
                          RunnerConfig(max(spec.graph.capture_sizes), spec.graph.max_num_seqs, spec.max_blocks_per_req,
                                       mode=spec.graph.mode))
-    return engine, model, runner, StepPlanner(spec.planner_config(), spec.features).capture_plans()
+    return engine, spec, runner, StepPlanner(spec.planner_config(), spec.features).capture_plans()
+
+
+def _point_scenario(mode: str):
+    from harness.scenario import load_scenario_text
+
+    (point,) = load_scenario_text(RUNNER_SCENARIO.format(mode=mode, debug="false"))
+    return point.scenario
 
 
 @pytest.mark.parametrize("mode", ["FULL", "FULL_DECODE_ONLY"])
 def test_runner_shares_one_workspace_per_capture_size(mode):
     """vLLM Ascend asks FIA for its workspace once per capture size (``graph_params.workspaces``):
     every layer of every FULL graph of that size updates into the same buffer."""
-    engine, model, runner, plans = _capturing_runner(mode)
+    engine, spec, runner, plans = _capturing_runner(mode)
     runner.capture(plans)
     try:
         assert runner.layer_tasks
         for key, tasks in runner.layer_tasks.items():
-            assert len(tasks) == model.config.num_layers == 2
+            assert len(tasks) == spec.model.num_layers == 2
             assert all(task.workspace is runner.workspaces[key.num_tokens] for task in tasks)
         sizes = {key.num_tokens for key in runner.layer_tasks}
         assert set(runner.workspaces) == sizes
