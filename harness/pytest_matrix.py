@@ -70,7 +70,10 @@ def mark_item(item: pytest.Item, scenario: Scenario) -> None:
     if scenario.matrix_selection == "pairwise":
         item.add_marker(CROSS_PRODUCT_MARKER)
     if item.config.pluginmanager.hasplugin("timeout"):
-        item.add_marker(pytest.mark.timeout(item_timeout(scenario), method="signal"))
+        # func_only: the alarm is armed around the item's call only. Armed for the whole runtest
+        # protocol, it can fire in pytest's own hooks around the phases (logstart, reporting),
+        # where it is an INTERNALERROR that ends the session; a scenario item has no fixtures.
+        item.add_marker(pytest.mark.timeout(item_timeout(scenario), method="signal", func_only=True))
 
 
 def unsupported(point: dict[str, Any]) -> str | None:
