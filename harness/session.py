@@ -34,7 +34,7 @@ from harness.graph.scheduler import RequestPlan
 from harness.graph.stream_budget import stream_budget
 from harness.graph.shape import SINGLE_RANK, RankContext
 from harness.model import DecoderLM, ModelConfig
-from harness.model.parallel import ParallelContext
+from harness.model.parallel import ParallelContext, tp_split_problem
 from harness.ranks import run_ranks
 from harness.ops import set_native_impl, set_native_paged_attention
 from harness.scenario import Scenario, ScenarioPoint, locate
@@ -279,18 +279,23 @@ def _locate_rows(check: CheckResult | None, point: ScenarioPoint) -> None:
 
 
 def preflight(scenario: Scenario) -> tuple[str, str] | None:
-    """What the schema cannot see: a model the canary cannot build, capture sizes a feature
-    leaves empty, an unknown plugin feature. Returns ``(field, message)`` or None."""
+    """What the schema cannot see: a model the canary cannot build, a model the TP ranks cannot
+    split, capture sizes a feature leaves empty, an unknown plugin feature. Returns
+    ``(field, message)`` or None."""
     try:
         features = scenario_features(scenario)
     except ValueError as error:
         return "features", str(error)
     try:
-        model_config(scenario)
+        config = model_config(scenario)
     except ValueError as error:
         fields = type(scenario.model).model_fields
         named = next((f for f in fields if f in str(error)), None)
         return (f"model.{named}" if named else "model"), str(error)
+    tp = dict(axis_sizes(features)).get("tp", 1)
+    if tp > 1 and (split := tp_split_problem(config, tp)) is not None:
+        field, message = split  # the MLP width is twice model.hidden_size: that is the field to change
+        return f"model.{'hidden_size' if field == 'intermediate_size' else field}", f"{message}, with features.sp.tp={tp}"
     try:
         capture_sizes(scenario, features)
     except EngineRefusal:

@@ -64,6 +64,7 @@ __all__ = [
     "reduce_scatter_rows",
     "row_shard",
     "shard_state_dict",
+    "tp_split_problem",
 ]
 
 _c10d = torch.ops._c10d_functional
@@ -129,19 +130,29 @@ class ParallelContext:
 SINGLE = ParallelContext()
 
 
-def check_parallel_config(config: ModelConfig, ctx: ParallelContext) -> None:
-    """Raise ``ValueError`` when ``config`` cannot be split ``ctx.tp`` ways."""
-    tp = ctx.tp
-    for name, value in (
-        ("num_heads", config.num_heads),
-        ("num_kv_heads", config.num_kv_heads),
-        ("intermediate size (mlp_size)", config.mlp_size),
+def tp_split_problem(config: ModelConfig, tp: int) -> tuple[str, str] | None:
+    """The first dimension of ``config`` that ``tp`` ranks cannot split evenly, as
+    ``(ModelConfig field, message)``; None when every one splits.
+
+    Apart from :func:`check_parallel_config` so that a scenario's preflight can refuse the file
+    before any rank starts (no process group needed)."""
+    for field, name, value in (
+        ("num_heads", "num_heads", config.num_heads),
+        ("num_kv_heads", "num_kv_heads", config.num_kv_heads),
+        ("intermediate_size", "intermediate_size" if config.intermediate_size is not None
+         else "the MLP width (2 x hidden_size)", config.mlp_size),
     ):
         if value % tp:
-            raise ValueError(
-                f"tensor parallel: {name} ({value}) must be divisible by tp ({tp}) "
-                "(q/k/v are split by whole heads, gate/up/down by MLP columns)"
-            )
+            return field, (f"tensor parallel: {name} ({value}) must be divisible by tp ({tp}) "
+                           "(q/k/v are split by whole heads, gate/up/down by MLP columns)")
+    return None
+
+
+def check_parallel_config(config: ModelConfig, ctx: ParallelContext) -> None:
+    """Raise ``ValueError`` when ``config`` cannot be split ``ctx.tp`` ways."""
+    problem = tp_split_problem(config, ctx.tp)
+    if problem is not None:
+        raise ValueError(problem[1])
 
 
 # ------------------------------------------------------------------------------- sharding

@@ -69,10 +69,10 @@ case("matrix_unknown_path", W + "matrix:\n  graph.bogus: [1, 2]\n", "an axis pat
 case("matrix_name_axis", W + "matrix:\n  name: [a, b]\n", "name as an axis")
 case("matrix_overlapping_axes", W + "matrix:\n  graph: [{mode: FULL}]\n  graph.mode: [FULL]\n", "overlapping axes")
 case("matrix_duplicate_value", W + "matrix:\n  graph.mode: [FULL, PIECEWISE, FULL]\n", "a value listed twice")
-case("matrix_too_many_points", W + "matrix:\n  model.seed: [" + ", ".join(map(str, range(11))) + "]\n  workload.prompt_seed: ["
-     + ", ".join(map(str, range(11))) + "]\n  graph.max_num_seqs: [" + ", ".join(map(str, range(1, 12))) + "]\n", "11 x 11 x 11 points")
+case("matrix_too_many_points", W + "matrix:\n  model.seed: [" + ", ".join(map(str, range(21))) + "]\n  workload.prompt_seed: ["
+     + ", ".join(map(str, range(21))) + "]\n  graph.max_num_seqs: [" + ", ".join(map(str, range(1, 22))) + "]\n", "21 x 21 x 21 points")
 case("matrix_points_times_values", "workload:\n  requests:\n" + "    - {prompt_len: 1, output_len: 1}\n" * 300 + "matrix:\n  model.seed: ["
-     + ", ".join(map(str, range(200))) + "]\n", "200 points of a 1200-value file")
+     + ", ".join(map(str, range(700))) + "]\n", "700 points of a 2200-value file")
 case("matrix_huge_product", W + "matrix:\n" + "".join(f"  {a}: [{', '.join(map(str, range(1, 101)))}]\n" for a in ("model.seed", "workload.prompt_seed", "steps", "graph.max_num_seqs")), "10^8 points")
 case("matrix_duplicate_id", W + "matrix:\n  workload:\n    - {_id: x, requests: [{prompt_len: 1, output_len: 1}]}\n    - {_id: x, requests: [{prompt_len: 2, output_len: 1}]}\n", "the same _id twice")
 case("matrix_id_with_space", W + "matrix:\n  workload:\n    - {_id: two words, requests: [{prompt_len: 1, output_len: 1}]}\n", "an _id with a space")
@@ -117,8 +117,8 @@ case("bound_sp_tp", "features: {sp: {tp: 100}}\n" + W, "tp 100")
 case("bound_dp_size", "features:\n  dp:\n    size: 1000\n" + W, "1000 DP ranks")
 case("bound_cp_size", "features:\n  cp: {size: 100000}\n" + W, "100000 CP ranks")
 case("bound_mtp_k", "features: {mtp: {k: 100}}\n" + W, "100 draft tokens")
-case("bound_world_size_dp_tp", "graph: {mode: FULL, capture_sizes: [2, 4, 8]}\nfeatures:\n  dp: {size: 4}\n  sp: {tp: 4}\n" + W, "4 x 4 = 16 ranks")
-case("bound_world_size_in_matrix", "graph: {mode: FULL, capture_sizes: [2, 4, 8]}\n" + W + "matrix:\n  features:\n    - {_id: small, dp: {size: 2}}\n    - {_id: wide, dp: {size: 8}, cp: {size: 2}}\n", "one matrix point needs 16 ranks")
+case("bound_world_size_dp_tp", "model: {num_heads: 8, num_kv_heads: 8}\ngraph: {mode: FULL, capture_sizes: [8, 16]}\nfeatures:\n  dp: {size: 4}\n  sp: {tp: 8}\n" + W, "4 x 8 = 32 ranks")
+case("bound_world_size_in_matrix", "graph: {mode: FULL, capture_sizes: [2, 4, 8]}\n" + W + "matrix:\n  features:\n    - {_id: small, dp: {size: 2}}\n    - {_id: wide, dp: {size: 8}, cp: {size: 4}}\n", "one matrix point needs 32 ranks")
 case("bound_stream_pool", "engine: {stream_pool: 10000000}\n" + W, "10^7 streams")
 case("bound_streams_per_graph", "engine: {streams_per_graph: 1000}\n" + W, "1000 streams per graph")
 case("bound_description", "description: " + "d" * 12000 + "\n" + W, "a 12000-character description")
@@ -160,7 +160,7 @@ case("upstream_max_after_token_filter", "graph: {capture_sizes: [1, 8, 16], max_
      "workload:\n  max_num_batched_tokens: 12\n  requests:\n    - {prompt_len: 3, output_len: 3}\n",
      "the list's largest size within max_num_batched_tokens is 8, the user max 16")
 case("upstream_max_after_sp_filter", "graph: {mode: FULL, capture_sizes: [2, 4, 6], max_capture_size: 6}\n"
-     "features: {sp: {tp: 4}}\n" + W, "SP tp 4 keeps [4]: the user max 6 disagrees (preflight)")
+     "model: {num_kv_heads: 4}\nfeatures: {sp: {tp: 4}}\n" + W, "SP tp 4 keeps [4]: the user max 6 disagrees (preflight)")
 case("upstream_all_sizes_above_token_budget", "graph: {capture_sizes: [32, 64]}\n"
      "workload:\n  max_num_batched_tokens: 16\n  requests:\n    - {prompt_len: 3, output_len: 3}\n",
      "every user size above max_num_batched_tokens: no graph at all (preflight)")
@@ -173,6 +173,8 @@ case("classic_spec_tokens_disagree", "graph: {num_speculative_tokens: 1}\nfeatur
 case("classic_unequal_dp1", "features: {dp: {batches: unequal}}\n" + W, "unequal batches on one rank")
 case("classic_canary_too_small", "model: {kind: canary, layers: 9}\ngraph: {mode: FULL}\n" + W, "a canary too small for its layers (preflight)")
 case("classic_sp_no_capture_size", "graph: {mode: FULL, capture_sizes: [1, 3]}\nfeatures: {sp: {tp: 2}}\n" + W, "SP leaves no capture size (preflight)")
+case("classic_sp_kv_heads_not_split", "model: {num_heads: 4, num_kv_heads: 1}\nfeatures: {sp: {tp: 2}}\n" + W, "one KV head for two TP ranks (preflight)")
+case("classic_sp_mlp_not_split", "model: {hidden_size: 33, num_heads: 4, num_kv_heads: 4}\nmatrix:\n  features.sp.tp: [1, 4]\n" + W, "an MLP width of 66 for four TP ranks, in one matrix point (preflight)")
 case("classic_unknown_feature", "features: {warp: {speed: 9}}\n" + W, "an unknown plugin feature (preflight)")
 case("classic_kv_cache_too_small", "model: {max_model_len: 512, num_blocks: 4, block_size: 16}\n" + W, "max_model_len above the KV cache")
 case("classic_empty_requests", "workload:\n  requests: []\n", "an empty request list")
