@@ -28,6 +28,7 @@ from harness.features.layout import axis_sizes, describe, rank_context
 from harness.graph.capture_sizes import EngineRefusal, SizeResolution, resolve_sizes
 from harness.graph.modes import CUDAGraphMode, parse_mode
 from harness.graph.pipeline import GraphConfig, PipelineSpec, Workload, run_pipeline
+from harness.graph.plan import dummy_request_lens
 from harness.graph.record import ErrorCategory, PathError, RunRecord
 from harness.graph.runner import Fixes
 from harness.graph.scheduler import RequestPlan
@@ -297,12 +298,20 @@ def preflight(scenario: Scenario) -> tuple[str, str] | None:
         field, message = split  # the MLP width is twice model.hidden_size: that is the field to change
         return f"model.{'hidden_size' if field == 'intermediate_size' else field}", f"{message}, with features.sp.tp={tp}"
     try:
-        capture_sizes(scenario, features)
+        sizes, _ = capture_sizes(scenario, features)
     except EngineRefusal:
         return None  # not a bad file: the point is skipped with the engine's reason (unsupported_reason)
     except ValueError as error:
         field = "graph.max_capture_size" if "max_cudagraph_capture_size" in str(error) else "graph.capture_sizes"
         return field, str(error)
+    if parse_mode(scenario.graph.mode).mixed_mode() is not CUDAGraphMode.NONE:
+        seqs, max_len = scenario.graph.max_num_seqs, config.max_model_len
+        for size in sizes:
+            if (longest := max(dummy_request_lens(size, seqs))) > max_len:
+                return "graph.capture_sizes", (
+                    f"capture size {size} with graph.max_num_seqs {seqs} is captured on a dummy request of "
+                    f"{longest} tokens, above model.max_model_len {max_len}: no real batch has that shape; "
+                    "drop the size or raise max_num_seqs")
     return None
 
 

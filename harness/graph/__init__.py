@@ -8,8 +8,8 @@ Pure host logic (no torch, no backend):
 * ``dispatcher``: per-batch choice of graph (FULL / PIECEWISE / NONE) and padded size;
 * ``metadata``: host-side attention metadata and the FIA padding fix (dummy requests);
 * ``plan``: the step planner (one frozen ``StepPlan`` per step, dispatched once);
-* ``shape``, ``record``, ``scheduler``, ``stream_budget``: rank context, run record, batching,
-  the legacy ACL stream budget.
+* ``shape``, ``record``, ``scheduler``, ``kv_slots``, ``stream_budget``: rank context, run
+  record, batching, the KV slots a request is given, the legacy ACL stream budget.
 
 With torch, meeting an engine only through the object it is handed:
 

@@ -42,7 +42,7 @@ from harness.graph.modes import CUDAGraphMode
 from harness.graph.scheduler import Step
 from harness.graph.shape import SINGLE_RANK, RankContext, RunShape, StepShape
 
-__all__ = ["PaddingLedger", "PlanKind", "PlannerConfig", "StepPlan", "StepPlanner"]
+__all__ = ["PaddingLedger", "PlanKind", "PlannerConfig", "StepPlan", "StepPlanner", "dummy_request_lens"]
 
 
 class PlanKind(enum.Enum):
@@ -116,6 +116,16 @@ class PlannerConfig:
     pad_requests_without_full: bool = False
 
 
+def dummy_request_lens(num_tokens: int, max_num_seqs: int) -> list[int]:
+    """The query lengths of the dummy batch a mixed graph of ``num_tokens`` is captured on.
+
+    As vLLM's ``_dummy_run`` splits a non-uniform batch: ``min(T, max_num_seqs)`` requests
+    of ``T // n`` tokens, the remainder on the last. (A long last request instead could outgrow
+    ``max_model_len`` where no real batch of that size does.)"""
+    n = max(1, min(num_tokens, max_num_seqs))
+    return [num_tokens // n] * (n - 1) + [num_tokens // n + num_tokens % n]
+
+
 class StepPlanner:
     """Owns the dispatcher; turns each step of one path into a :class:`StepPlan`."""
 
@@ -139,11 +149,7 @@ class StepPlanner:
         """A legal batch of the key's shape, all of it in the null block (slot -1)."""
         cfg = self.config
         q = cfg.uniform_decode_query_len
-        if key.uniform_decode:
-            lens = [q] * (key.num_reqs or 1)
-        else:
-            n = max(1, min(key.num_tokens, cfg.max_num_seqs))
-            lens = [1] * (n - 1) + [key.num_tokens - (n - 1)]
+        lens = [q] * (key.num_reqs or 1) if key.uniform_decode else dummy_request_lens(key.num_tokens, cfg.max_num_seqs)
         requests = [ScheduledRequest(f"dummy{i}", 0, n, (0,) * cfg.max_blocks_per_req) for i, n in enumerate(lens)]
         meta = self.metadata(requests)
         return self._rank_view(replace(meta, slot_mapping=[PAD_SLOT_ID] * meta.num_input_tokens))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from harness.graph.kv_slots import kv_slots
 from harness.graph.metadata import ScheduledRequest
 from harness.model.kv_cache import BlockAllocator
 
@@ -50,8 +51,9 @@ class Batcher:
 
     Running requests decode ``decode_query_len`` tokens a step (``1 + k`` with speculative
     decoding); a waiting request is admitted, its whole prompt prefilled in one step, when it
-    has arrived and the sequence and token budgets allow. Blocks for the whole request are
-    allocated on admission and freed when it finishes. After each step, :meth:`commit` says how
+    has arrived and the sequence and token budgets allow and the KV cache has its blocks free
+    (:func:`~harness.graph.kv_slots.kv_slots`, all allocated on admission, freed when it finishes). Otherwise it waits,
+    and so does every request behind it, as in vLLM's scheduler when ``allocate_slots`` fails. After each step, :meth:`commit` says how
     many KV entries each request advanced and how many tokens it generated.
     """
 
@@ -87,11 +89,11 @@ class Batcher:
             budget -= self.decode_query_len
         while self._waiting and self._waiting[0].arrival_step <= self.index and len(scheduled) < self.max_num_seqs:
             plan = self._waiting[0]
-            if plan.prompt_len > budget:
+            slots = kv_slots(plan.prompt_len, plan.output_len, self.decode_query_len)
+            if plan.prompt_len > budget or self._allocator.blocks_needed(slots) > self._allocator.num_free:
                 break
             self._waiting.pop(0)
-            total = plan.prompt_len + plan.output_len + self.decode_query_len
-            blocks = tuple(self._allocator.allocate(plan.req_id, total))
+            blocks = tuple(self._allocator.allocate(plan.req_id, slots))
             self._running[plan.req_id] = _Running(plan, blocks)
             scheduled.append(ScheduledRequest(plan.req_id, 0, plan.prompt_len, blocks))
             decodes.append(False)
@@ -119,7 +121,9 @@ class ExplicitBatcher:
     """Steps given one by one as ``[(req_id, new_tokens), ...]``.
 
     A request's first appearance is its prefill; later appearances continue it (1 token is a
-    decode, more is another chunk). Each request gets blocks for all the tokens it will have.
+    decode, more is another chunk). A request gets blocks for all the tokens it will have at its
+    first appearance and gives them back after its last, so requests that never overlap share
+    the cache (the schema checks that the ones that do overlap fit it).
     """
 
     def __init__(self, batches: Sequence[Sequence[tuple[str, int]]], *, block_size: int, num_blocks: int,
@@ -131,17 +135,23 @@ class ExplicitBatcher:
         for req_id, total in totals.items():
             if total > max_model_len:
                 raise ValueError(f"request {req_id} grows to {total} tokens, past max_model_len={max_model_len}")
+        last = {req_id: index for index, batch in enumerate(batches) for req_id, _ in batch}
         allocator = BlockAllocator(num_blocks, block_size)
-        blocks = {req_id: tuple(allocator.allocate(req_id, total + 1)) for req_id, total in totals.items()}
+        blocks: dict[str, tuple[int, ...]] = {}
         computed = dict.fromkeys(totals, 0)
         self.steps: list[Step] = []
         for index, batch in enumerate(batches):
             scheduled, decodes = [], []
             for req_id, new in batch:
+                if req_id not in blocks:
+                    blocks[req_id] = tuple(allocator.allocate(req_id, totals[req_id]))
                 decodes.append(computed[req_id] > 0 and new == 1)
                 scheduled.append(ScheduledRequest(req_id, computed[req_id], new, blocks[req_id]))
                 computed[req_id] += new
             self.steps.append(Step(index, tuple(scheduled), tuple(decodes)))
+            for req_id, _ in batch:
+                if last[req_id] == index:
+                    allocator.free(req_id)
         self.index = 0
         self.prompt_lengths = totals  # teacher-forced: every input token is given, none sampled
 

@@ -49,6 +49,11 @@ class BlockAllocator:
         self._owned: dict[object, list[int]] = {}
 
     # ------------------------------------------------------------------ allocation
+    @property
+    def num_free(self) -> int:
+        """Blocks no request holds (block 0 is never free: it is reserved)."""
+        return len(self._free)
+
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens."""
         return -(-max(num_tokens, 0) // self.block_size)

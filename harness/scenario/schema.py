@@ -30,6 +30,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
 from . import bounds as L
+from harness.graph.kv_slots import kv_slots
 from harness.graph.modes import CUDAGraphMode
 from harness.names import CheckName as _CheckName
 from harness.stacks import DEFAULT_STACK, stack_names
@@ -156,13 +157,14 @@ class ModelSpec(_Base):
                     f"{self.max_model_len}): its next token encodes the attended length",
                 )
             )
-        if self.max_model_len > self.block_size * self.num_blocks:
+        usable = (self.num_blocks - 1) * self.block_size  # block 0 is reserved (vLLM's null block)
+        if self.max_model_len > usable:
             issues.append(
                 (
                     ("max_model_len",),
                     f"max_model_len {self.max_model_len} does not fit the KV cache "
-                    f"({self.num_blocks} blocks x {self.block_size} = "
-                    f"{self.num_blocks * self.block_size} slots)",
+                    f"({self.num_blocks} blocks, block 0 reserved: {self.num_blocks - 1} x "
+                    f"{self.block_size} = {usable} slots), so a request of that length could never run",
                 )
             )
         weights = self.weight_elements
@@ -692,6 +694,11 @@ class Scenario(_Base):
                                f"customized max_cudagraph_capture_size(={top}) should be consistent with the "
                                f"max value of cudagraph_capture_sizes(={kept[-1]}): give one of the two"))
         max_len = self.model.max_model_len
+        k, budget = self.features.mtp.k, self.workload.max_num_batched_tokens
+        if self.workload.requests and 1 + k > budget:
+            issues.append((("workload", "max_num_batched_tokens"),
+                           f"a decode step of one request takes 1 + k = {1 + k} tokens (features.mtp.k {k}), "
+                           f"above max_num_batched_tokens {budget}: no request would ever decode"))
         for i, r in enumerate(self.workload.requests or []):
             if r.arrival_step >= self.steps:
                 issues.append(
@@ -701,12 +708,32 @@ class Scenario(_Base):
                         f"(steps is {self.steps}): it would never run",
                     )
                 )
+            if r.prompt_len > budget:
+                issues.append(
+                    (
+                        ("workload", "requests", i, "prompt_len"),
+                        f"prompt_len {r.prompt_len} is above workload.max_num_batched_tokens {budget}: the "
+                        "harness prefills a prompt in one step (no chunked prefill; vLLM without it "
+                        "refuses such a request too), so it would never be scheduled",
+                    )
+                )
+            slots = kv_slots(r.prompt_len, r.output_len, 1 + k)
             if r.prompt_len + r.output_len > max_len:
                 issues.append(
                     (
                         ("workload", "requests", i),
                         f"prompt_len {r.prompt_len} + output_len {r.output_len} = "
                         f"{r.prompt_len + r.output_len} exceeds model.max_model_len {max_len}",
+                    )
+                )
+            elif slots > max_len:
+                issues.append(
+                    (
+                        ("workload", "requests", i),
+                        f"with features.mtp.k {k} the request's last decode step writes KV for its drafts "
+                        f"too: prompt_len + output_len - 1 + k = {slots} slots, above model.max_model_len "
+                        f"{max_len} (vLLM trims drafts at max_model_len, this harness does not): "
+                        f"lower output_len by {slots - max_len} or raise max_model_len",
                     )
                 )
         if self.workload.steps and len(self.workload.steps) > self.steps:
@@ -731,6 +758,7 @@ class Scenario(_Base):
                             f"{max_len}",
                         )
                     )
+            issues.extend(_explicit_blocks_issue(self.workload.steps, totals, self.model))
         if issues:
             raise ConsistencyError(issues)
         return self
@@ -739,6 +767,30 @@ class Scenario(_Base):
     @property
     def spec_tokens(self) -> int:
         return self.features.mtp.k
+
+
+def _explicit_blocks_issue(steps: list[list[StepEntry]], totals: dict[str, int], model: ModelSpec) -> list[tuple[Loc, str]]:
+    """The first explicit step whose live requests (from their first step to their last, each
+    holding blocks for all its tokens) need more KV blocks than the cache has."""
+    last = {str(e.req): i for i, step in enumerate(steps) for e in step}
+    free = model.num_blocks - 1  # block 0 is reserved
+    held: set[str] = set()
+    in_use = 0
+    for i, step in enumerate(steps):
+        for e in step:
+            if str(e.req) not in held:
+                held.add(str(e.req))
+                in_use += -(-totals[str(e.req)] // model.block_size)
+        if in_use > free:
+            return [(("workload", "steps", i),
+                     f"at step {i} the {len(held)} requests holding KV (from their first step to their last) "
+                     f"need {in_use} blocks of {model.block_size} slots, the cache has {free} (model.num_blocks "
+                     f"{model.num_blocks}, block 0 reserved): raise model.num_blocks")]
+        for e in step:
+            if last[str(e.req)] == i and str(e.req) in held:
+                held.discard(str(e.req))
+                in_use -= -(-totals[str(e.req)] // model.block_size)
+    return []
 
 
 def export_json_schema() -> dict[str, Any]:

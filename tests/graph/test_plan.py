@@ -14,7 +14,8 @@ import pytest
 from harness.graph import plan as plan_module
 from harness.graph.capture_sizes import resolve_capture_sizes
 from harness.graph.dispatcher import Dispatcher
-from harness.graph.plan import PlanKind
+from harness.graph.modes import CUDAGraphMode
+from harness.graph.plan import PlanKind, PlannerConfig, StepPlanner, dummy_request_lens
 from harness.ranks import run_ranks
 from harness.scenario import Scenario
 
@@ -141,3 +142,15 @@ def test_preflight_and_run_use_the_same_composed_sizes():
     sizes, _ = session.capture_sizes(scenario, features)
     spec, run_sizes, _ = session.build_spec(scenario)
     assert sizes == run_sizes == list(spec.graph.capture_sizes) == [6]
+
+
+@pytest.mark.parametrize("num_tokens, max_num_seqs, lens", [
+    (24, 8, [3] * 8), (10, 4, [2, 2, 2, 4]), (3, 8, [1, 1, 1]), (7, 1, [7]),
+])
+def test_a_mixed_graph_is_captured_on_vllm_s_dummy_split(num_tokens, max_num_seqs, lens):
+    """vLLM's ``_dummy_run`` (non-uniform): min(T, max_num_seqs) requests of T // n, the
+    remainder on the last, so no dummy outgrows a real request where the batch is legal."""
+    assert dummy_request_lens(num_tokens, max_num_seqs) == lens
+    planner = StepPlanner(PlannerConfig(CUDAGraphMode.PIECEWISE, (num_tokens,), max_num_seqs, 1, 16, 4))
+    (_, _, meta), = planner.capture_plans()
+    assert meta.query_lens == lens

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.graph.kv_slots import kv_slots
 from harness.graph.scheduler import Batcher, ExplicitBatcher, RequestPlan
 
 
@@ -58,3 +59,30 @@ def test_explicit_steps_are_taken_as_written_and_checked_against_the_model_lengt
     assert batcher.steps[1].decodes == (True, False)
     with pytest.raises(ValueError, match="past max_model_len=4"):
         ExplicitBatcher([[("a", 5)]], block_size=4, num_blocks=16, max_model_len=4)
+
+
+def test_a_request_is_given_the_slots_it_can_write_and_one_at_max_model_len_fits():
+    """kv_slots: the prompt, every generated token but the last, and the drafts of the last
+    spec-decode step; a request of exactly max_model_len tokens needs its table's width, no more."""
+    assert kv_slots(4, 4) == 7
+    assert kv_slots(4, 1, decode_query_len=4) == 4  # ends with its prefill: no decode, no drafts
+    assert kv_slots(4, 12, decode_query_len=2) == 16  # MTP k 1: at most max_model_len
+    steps = _run(Batcher([RequestPlan("a", 4, 4)], block_size=4, num_blocks=3, max_num_seqs=8, max_num_batched_tokens=512))
+    assert [len(s.requests[0].block_ids) for s in steps] == [2, 2, 2, 2]  # 8 tokens: ceil(7 / 4) blocks
+
+
+def test_a_request_waits_for_free_blocks_and_blocks_the_queue_behind_it():
+    """As vLLM's scheduler: admission fails when allocate_slots cannot, and FCFS keeps order."""
+    plans = [RequestPlan("a", 4, 5), RequestPlan("b", 4, 5), RequestPlan("c", 1, 2)]
+    # 8 slots each = 2 blocks of 4; 4 free blocks hold two requests, the third waits for one to end
+    steps = _run(Batcher(plans, block_size=4, num_blocks=5, max_num_seqs=8, max_num_batched_tokens=512))
+    ids = [[r.req_id for r in s.requests] for s in steps]
+    assert ids[0] == ["a", "b"]
+    first_c = next(i for i, names in enumerate(ids) if "c" in names)
+    assert all(len(names) == 2 for names in ids[1:first_c]) and "a" not in ids[first_c]
+    assert ids[-1] == ["c"]
+
+
+def test_explicit_requests_share_the_cache_when_they_do_not_overlap():
+    batcher = ExplicitBatcher([[("a", 8)], [("b", 8)]], block_size=4, num_blocks=3, max_model_len=8)
+    assert batcher.steps[0].requests[0].block_ids == batcher.steps[1].requests[0].block_ids == (1, 2)

@@ -177,6 +177,18 @@ case("classic_sp_kv_heads_not_split", "model: {num_heads: 4, num_kv_heads: 1}\nf
 case("classic_sp_mlp_not_split", "model: {hidden_size: 33, num_heads: 4, num_kv_heads: 4}\nmatrix:\n  features.sp.tp: [1, 4]\n" + W, "an MLP width of 66 for four TP ranks, in one matrix point (preflight)")
 case("classic_unknown_feature", "features: {warp: {speed: 9}}\n" + W, "an unknown plugin feature (preflight)")
 case("classic_kv_cache_too_small", "model: {max_model_len: 512, num_blocks: 4, block_size: 16}\n" + W, "max_model_len above the KV cache")
+case("classic_mtp_drafts_past_max_model_len", "model: {max_model_len: 16, num_blocks: 8, block_size: 4}\nfeatures: {mtp: {k: 2}}\n"
+     "workload:\n  requests:\n    - {prompt_len: 4, output_len: 12}\n", "MTP k 2 drafts one slot past max_model_len on the last step")
+case("classic_prompt_above_token_budget", "workload:\n  max_num_batched_tokens: 4\n  requests:\n    - {prompt_len: 5, output_len: 2}\n",
+     "a prompt longer than the step's token budget (no chunked prefill)")
+case("classic_decode_above_token_budget", "features: {mtp: {k: 3}}\nworkload:\n  max_num_batched_tokens: 3\n  requests:\n    - {prompt_len: 2, output_len: 3}\n",
+     "a spec-decode step (1 + k = 4 tokens) above the token budget")
+case("classic_explicit_steps_overflow_cache", "model: {max_model_len: 8, num_blocks: 3, block_size: 4}\nworkload:\n  steps:\n"
+     "    - [{req: a, new_tokens: 4}]\n    - [{req: b, new_tokens: 4}, {req: a, new_tokens: 1}]\n",
+     "two explicit requests alive at once need more blocks than the cache has")
+case("classic_capture_dummy_above_max_model_len", "model: {max_model_len: 16, num_blocks: 8, block_size: 4}\n"
+     "graph: {mode: PIECEWISE, capture_sizes: [8, 24], max_num_seqs: 1}\n" + W,
+     "a capture size whose dummy request outgrows max_model_len (preflight)")
 case("classic_empty_requests", "workload:\n  requests: []\n", "an empty request list")
 
 # --- F. dispatch tables (expect.dispatch)
