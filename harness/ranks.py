@@ -36,6 +36,10 @@ Design, and why:
   sent back as formatted text, so an exception that does not pickle still reports.
 * **Logs per rank.** The child points file descriptors 1 and 2 at ``rank<r>.log`` (C-level
   output from gloo/NCCL/HCCL is caught too); the outcome carries the tail of each log.
+* **A hung rank says where it hangs.** Before a rank that ran out of time is ended, it is
+  sent ``SIGUSR1``, on which :mod:`faulthandler` writes every thread's Python stack into its
+  log; the failure's ``traceback`` is that dump (a hang in a collective names the collective
+  and the harness line that called it).
 * **Nobody is left behind.** Once one rank has failed the others get ``grace`` seconds to
   finish (a peer stuck in a collective never will), then every live rank is terminated, killed
   after a short wait, and joined (reaped: no zombie). The temp dir is removed in every case.
@@ -52,6 +56,7 @@ Design, and why:
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import multiprocessing
 import multiprocessing.connection
 from multiprocessing.process import BaseProcess
@@ -77,6 +82,11 @@ LOG_TAIL_BYTES = 20_000
 
 KILL_GRACE_S = 2.0
 """Time between SIGTERM and SIGKILL when ending a rank."""
+
+STACK_DUMP_WAIT_S = 1.0
+"""How long a timed-out rank gets to write its stacks (:mod:`faulthandler`) before it is ended."""
+
+_STACK_MARKER = "--- graph-harness: the rank's Python stacks when it ran out of time ---\n"
 
 _POLL_S = 0.1
 """How often the parent looks for a result file from a rank that is still alive."""
@@ -199,10 +209,11 @@ def run_ranks(
                 return _not_started(procs, world_size, exc, time.monotonic() - start)
             procs.append(p)
         results, failures = _supervise(procs, workdir, start + start_timeout, timeout, grace, ready_at)
+        stacks = _dump_stacks(procs, workdir, [f.rank for f in failures if f.kind == "timeout"])
         _end_all(procs)
-        logs = [_log_tail(workdir, r) for r in range(world_size)]
+        logs = [_log_tail(workdir, r).partition("\n" + _STACK_MARKER)[0] for r in range(world_size)]
         failures = [
-            RankFailure(f.rank, f.kind, f.message, f.traceback, logs[f.rank], f.exitcode, f.at)
+            RankFailure(f.rank, f.kind, f.message, f.traceback or stacks.get(f.rank), logs[f.rank], f.exitcode, f.at)
             for f in sorted(failures, key=lambda f: f.rank)
         ]
         return RanksOutcome(
@@ -363,6 +374,48 @@ def _supervise(
     return results, failures
 
 
+def _dump_stacks(procs: list[BaseProcess], workdir: str, ranks: list[int]) -> dict[int, str]:
+    """Ask each live rank of ``ranks`` for its Python stacks (SIGUSR1, see :func:`_rank_main`);
+    return what each wrote within :data:`STACK_DUMP_WAIT_S`, by rank."""
+    asked: dict[int, int] = {}
+    for r in ranks:
+        if not _alive(procs[r]) or procs[r].pid is None:
+            continue
+        path = _log_path(workdir, r)
+        try:
+            with open(path, "a") as log:
+                log.write("\n" + _STACK_MARKER)
+            asked[r] = os.path.getsize(path)
+            os.kill(procs[r].pid, signal.SIGUSR1)
+        except OSError:  # gone meanwhile
+            asked.pop(r, None)
+    stacks: dict[int, str] = {}
+    seen = dict.fromkeys(asked, -1)
+    limit = time.monotonic() + STACK_DUMP_WAIT_S
+    while asked and time.monotonic() < limit:
+        time.sleep(0.05)
+        for r, size in list(asked.items()):
+            text = _read_from(_log_path(workdir, r), size)
+            if text and len(text) == seen[r]:  # written, and no longer growing
+                stacks[r] = text.rstrip()
+                del asked[r]
+            seen[r] = len(text)
+    for r, size in asked.items():  # partial, or nothing: say what there is
+        text = _read_from(_log_path(workdir, r), size).rstrip()
+        if text:
+            stacks[r] = text
+    return stacks
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(LOG_TAIL_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 def _end_all(procs: list[BaseProcess]) -> None:
     """Terminate, then kill, every live rank, and reap them all (no zombies)."""
     live = [p for p in procs if _alive(p)]
@@ -466,6 +519,7 @@ def _rank_main(
             stream.reconfigure(line_buffering=True)  # a print survives a later os._exit
         except (AttributeError, ValueError):
             pass
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # the parent asks on a timeout
     threading.Thread(target=_watch_parent, args=(parent_pid, workdir), daemon=True).start()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.update(env)

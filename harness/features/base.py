@@ -126,6 +126,11 @@ class Feature:
         """The shape every rank runs, from this rank's (DP: an all-reduce); before dispatch."""
         return shape
 
+    def agree_pending(self, pending: bool, ctx: RankContext) -> bool:
+        """Whether any rank still has requests, from whether this one does (DP: an all-reduce);
+        asked on a step where no rank has a batch."""
+        return pending
+
     def rank_metadata(self, meta: AttentionMetadata, ctx: RankContext, block_size: int) -> AttentionMetadata:
         """This rank's attention metadata (context parallel shards it)."""
         return meta

@@ -135,14 +135,18 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
         name: {req: ids[path.prompt_lengths[req]:] for req, ids in path.tokens.items()}
         for name, path in paths.items()
     }
+    record.unfinished = {name: path.batcher.unfinished() for name, path in paths.items()}
     if spec.num_speculative_tokens:
-        record.texts["plain"] = plain_greedy_texts(spec, reference_model)
+        record.texts["plain"], record.unfinished["plain"] = plain_greedy_texts(spec, reference_model)
     runner.release()
     return record
 
 
-def plain_greedy_texts(spec: PipelineSpec, model: DecoderLM) -> dict[str, list[int]]:
-    """The same workload decoded greedily without speculation: what spec decode must equal."""
+def plain_greedy_texts(spec: PipelineSpec, model: DecoderLM) -> tuple[dict[str, list[int]], list[str]]:
+    """The same workload decoded greedily without speculation: what spec decode must equal.
+
+    Returns the texts and the requests still unfinished when its steps ran out (it runs
+    ``1 + k`` times the steps of a speculating path, which makes at most ``1 + k`` tokens a step)."""
     plain = replace(spec, num_speculative_tokens=0, graph=replace(spec.graph, uniform_decode_query_len=1))
     path = _new_path("plain", plain, model)
     runner = EagerRunner(model, path.kv_cache)
@@ -157,7 +161,7 @@ def plain_greedy_texts(spec: PipelineSpec, model: DecoderLM) -> dict[str, list[i
         logits = runner.execute(step_inputs(step, path.tokens, meta, {}))
         advanced, generated, _ = accept(step, meta, logits, path.tokens, {}, path.batcher)
         path.batcher.commit(step, advanced, generated)
-    return {req: ids[path.prompt_lengths[req]:] for req, ids in path.tokens.items()}
+    return {req: ids[path.prompt_lengths[req]:] for req, ids in path.tokens.items()}, path.batcher.unfinished()
 
 
 def _new_path(name: str, spec: PipelineSpec, model: DecoderLM, draft: DecoderLM | None = None) -> Path:
@@ -195,8 +199,9 @@ class Stepper:
                 continue
             step = path.batcher.next_step()
             plan = self._plan(name, step)
-            if plan is None:  # no rank of this path has work left
-                path.finished = path.batcher.done
+            if plan is None:  # no rank of this path has a batch now: done, or waiting for arrivals
+                pending = not path.batcher.done
+                path.finished = not (pending if name == "reference" else self.planners[name].any_rank_pending(pending))
                 if not path.finished:
                     path.batcher.commit(None, {}, {})
                     progressed = True

@@ -211,6 +211,17 @@ class StepPlanner:
         padded = self._rank_view(self._pad(meta, decision, added))
         return StepPlan(PlanKind.STEP, meta, decision, padded, ledger, shape, uniform)
 
+    def any_rank_pending(self, pending: bool) -> bool:
+        """On a step where no rank has a batch: whether any rank still has requests, now or
+        later (``pending``: whether this one does).
+
+        A DP rank whose own requests are all done keeps stepping, idle, until every peer is
+        done, as vLLM's DP ranks keep running dummy batches while any engine has requests;
+        stopping alone would leave its peers waiting for it in the next step's agreement."""
+        for feature in self.features:
+            pending = feature.agree_pending(pending, self.ctx)
+        return pending
+
     # -- helpers ------------------------------------------------------------------------------
     def _pad(self, meta: AttentionMetadata, decision: DispatchDecision, added: dict[Any, int]) -> AttentionMetadata:
         """Pad to T; tokens added by a feature whose fix is off are left out of the request lists."""

@@ -90,6 +90,7 @@ class RunRecord:
     steps: list[StepRecord] = field(default_factory=list)
     fia_calls: list[Any] = field(default_factory=list)  # harness.ops.FiaCall
     texts: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # path -> req -> tokens
+    unfinished: dict[str, list[str]] = field(default_factory=dict)  # path -> requests the step limit cut short
     errors: list[PathError] = field(default_factory=list)
     stream_usage: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)

@@ -112,6 +112,10 @@ class Batcher:
                 self._allocator.free(req.req_id)
         self.index += 1
 
+    def unfinished(self) -> list[str]:
+        """Requests still waiting or running: what the run's step limit cut short."""
+        return sorted([*(r.req_id for r in self._waiting), *self._running])
+
     def remaining_output(self, req_id: str) -> int:
         state = self._running[req_id]
         return state.plan.output_len - state.generated
@@ -158,6 +162,9 @@ class ExplicitBatcher:
     @property
     def done(self) -> bool:
         return self.index >= len(self.steps)
+
+    def unfinished(self) -> list[str]:
+        return []  # teacher-forced: a request is whatever its steps give it
 
     def next_step(self) -> Step | None:
         return self.steps[self.index] if not self.done else None

@@ -87,6 +87,17 @@ def test_equality_bitwise_on_the_emulator_and_first_mismatch_located():
     assert explained.passed and "explained" in explained.summary
 
 
+def test_speculative_text_must_equal_plain_greedy_unless_the_step_limit_cut_it_short():
+    record = RunRecord("FULL", "emulated", [2])
+    record.texts = {"reference": {"a": [5, 6, 7]}, "graph": {"a": [5, 6, 7]}, "plain": {"a": [5, 6, 7, 8, 9]}}
+    assert not check_equality(record, dtype="float32", bitwise_replay=True).passed  # finished short: a bug
+    record.unfinished = {"reference": ["a"], "graph": ["a"], "plain": []}
+    assert check_equality(record, dtype="float32", bitwise_replay=True).passed  # cut by the steps: a prefix
+    record.texts["graph"] = {"a": [5, 6, 9]}
+    result = check_equality(record, dtype="float32", bitwise_replay=True)
+    assert not result.passed and "graph (speculative) vs plain greedy" in result.summary
+
+
 def test_unexplained_path_errors_are_an_execution_failure():
     record = RunRecord("FULL", "emulated", [2])
     record.errors.append(PathError.of("graph", 3, "step", GraphHangError("replay of graph#2 waits")))

@@ -105,6 +105,10 @@ def test_hang_in_collective_times_out_and_ends_all(workdirs: list[str]) -> None:
     assert {f.rank: f.kind for f in out.failures} == {0: "timeout", 1: "timeout"}
     assert all("3s timeout" in f.message for f in out.failures)
     assert "rank 0 entering all_reduce" in out.failures[0].log
+    # each hung rank says where it hangs: its Python stack, dumped before it was ended
+    assert "in all_reduce" in out.failures[0].traceback and "in skip_collective_on_rank1" in out.failures[0].traceback
+    assert "in skip_collective_on_rank1" in out.failures[1].traceback and "all_reduce" not in out.failures[1].traceback
+    assert "Python stacks" not in out.failures[0].log  # the dump is the traceback, not repeated in the log
     assert 3 <= out.duration - out.startup < 15  # the timeout counts from ready, not from start
     _assert_clean(out, workdirs)
 
