@@ -110,8 +110,8 @@ MUTANTS: tuple[Mutant, ...] = (
            "padding tokens get slot 0 instead of -1",
            _TABLE),
     Mutant("idle-kv-length", "kv_len_zero", _P,
-           "        return replace(meta, num_reqs=0, seq_lens=[0],",
-           "        return replace(meta, num_reqs=0, seq_lens=[num_tokens],",
+           "query_lens=[num_tokens], seq_lens=[0],",
+           "query_lens=[num_tokens], seq_lens=[num_tokens],",
            "an idle DP rank's dummy request gets a KV length of its token count instead of 0",
            _DP_RULES),
     # -- buckets and dispatch -----------------------------------------------------------------

@@ -249,10 +249,13 @@ class StepPlanner:
         feature that re-derives metadata from the real requests (CP) sees no real token.
         """
         cfg = self.config
-        dummy = ScheduledRequest("idle", 0, num_tokens, (0,) * cfg.max_blocks_per_req)
+        # Built from a one-token request, then given every token: with KV length 0 the dummy
+        # holds no block, so its T tokens may be more than a request's table could hold.
+        dummy = ScheduledRequest("idle", 0, 1, (0,) * cfg.max_blocks_per_req)
         meta = self.metadata([dummy])
-        return replace(meta, num_reqs=0, seq_lens=[0], slot_mapping=[PAD_SLOT_ID] * num_tokens,
-                       positions=[0] * num_tokens, num_actual_tokens=0,
+        return replace(meta, num_reqs=0, num_input_tokens=num_tokens, query_start_loc=[0, num_tokens],
+                       actual_seq_lengths=[num_tokens], query_lens=[num_tokens], seq_lens=[0],
+                       slot_mapping=[PAD_SLOT_ID] * num_tokens, positions=[0] * num_tokens, num_actual_tokens=0,
                        padding_source=f"idle DP rank: {num_tokens} dummy tokens")
 
     def _rank_view(self, meta: AttentionMetadata) -> AttentionMetadata:

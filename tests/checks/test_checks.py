@@ -87,6 +87,43 @@ def test_equality_bitwise_on_the_emulator_and_first_mismatch_located():
     assert explained.passed and "explained" in explained.summary
 
 
+def test_tolerance_scales_with_the_row_so_a_near_zero_logit_needs_no_relative_agreement():
+    """bf16 rounding of a row whose largest logit is 3: an error of 0.03 on a logit of 0.01 is
+    rounding (relative error 3, far above rtol), an error of 0.3 is not."""
+    reference = torch.tensor([[3.0, 0.01, -1.0, 0.5], [2.0, 1.0, 0.0, -2.0]])
+    rounded, wrong = reference.clone(), reference.clone()
+    rounded[0, 1] += 0.03
+    wrong[0, 1] += 0.3
+    record = RunRecord("FULL", "emulated", [2])
+    toks = {"reference": [0, 0], "padded": [0, 0], "graph": [0, 0]}
+    record.steps = [_step(0, logits={"reference": reference, "padded": rounded, "graph": rounded.clone()}, sampled=toks)]
+    assert check_equality(record, dtype="bfloat16", bitwise_replay=True).passed
+    record.steps = [_step(0, logits={"reference": reference, "padded": wrong, "graph": wrong.clone()}, sampled=toks)]
+    result = check_equality(record, dtype="bfloat16", bitwise_replay=True)
+    assert not result.passed and "padding effect" in result.summary
+
+
+def test_paths_that_part_at_a_rounding_tie_are_compared_up_to_there_and_never_on_a_bitwise_pair():
+    tie = torch.tensor([[1.0, 1.004, 0.0, -1.0], [2.0, 0.0, 0.0, 0.0]])
+    flipped = torch.tensor([[1.004, 1.0, 0.0, -1.0], [2.0, 0.0, 0.0, 0.0]])
+    record = RunRecord("FULL", "emulated", [2])
+    record.steps = [
+        _step(0, logits={"reference": tie, "padded": flipped, "graph": flipped.clone()},
+              sampled={"reference": [1, 0], "padded": [0, 0], "graph": [0, 0]}),
+        # afterwards the paths feed different tokens: their logits have nothing in common
+        _step(1, logits={"reference": torch.zeros(2, 4), "padded": torch.ones(2, 4), "graph": torch.ones(2, 4)},
+              sampled={"reference": [0, 0], "padded": [1, 1], "graph": [1, 1]}),
+    ]
+    result = check_equality(record, dtype="bfloat16", bitwise_replay=True)
+    assert result.passed and "padded vs reference parted at a tie within rounding at step 0" in result.summary
+    assert result.details["ties"][0]["tokens"] == {"padded": [0, 0], "reference": [1, 0]}
+    # the same flip between graph and padded, compared bitwise, is a mismatch
+    record.steps = record.steps[:1]
+    record.steps[0].logits["graph"], record.steps[0].sampled["graph"] = tie.clone(), [1, 0]
+    result = check_equality(record, dtype="bfloat16", bitwise_replay=True)
+    assert not result.passed and "graph vs padded" in result.summary
+
+
 def test_speculative_text_must_equal_plain_greedy_unless_the_step_limit_cut_it_short():
     record = RunRecord("FULL", "emulated", [2])
     record.texts = {"reference": {"a": [5, 6, 7]}, "graph": {"a": [5, 6, 7]}, "plain": {"a": [5, 6, 7, 8, 9]}}

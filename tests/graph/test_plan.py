@@ -154,3 +154,13 @@ def test_a_mixed_graph_is_captured_on_vllm_s_dummy_split(num_tokens, max_num_seq
     planner = StepPlanner(PlannerConfig(CUDAGraphMode.PIECEWISE, (num_tokens,), max_num_seqs, 1, 16, 4))
     (_, _, meta), = planner.capture_plans()
     assert meta.query_lens == lens
+
+
+def test_an_idle_dp_rank_s_dummy_may_hold_more_tokens_than_a_request_s_table():
+    """KV length 0, every slot -1: the dummy holds no block, so the agreed T (here 16 tokens,
+    where a request's table holds 3 blocks of 4) needs no room in it."""
+    planner = StepPlanner(PlannerConfig(CUDAGraphMode.FULL, (16,), 2, 1, 4, 3))
+    meta = planner._idle_metadata(16)
+    assert (meta.num_reqs, meta.num_reqs_padded, meta.num_input_tokens) == (0, 1, 16)
+    assert meta.actual_seq_lengths == [16] and meta.seq_lens == [0] and meta.block_table == [[0, 0, 0]]
+    assert meta.slot_mapping == [-1] * 16 and meta.query_start_loc == [0, 16]
