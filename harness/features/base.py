@@ -126,10 +126,10 @@ class Feature:
         """The shape every rank runs, from this rank's (DP: an all-reduce); before dispatch."""
         return shape
 
-    def agree_pending(self, pending: bool, ctx: RankContext) -> bool:
-        """Whether any rank still has requests, from whether this one does (DP: an all-reduce);
-        asked on a step where no rank has a batch."""
-        return pending
+    def any_rank(self, flag: bool, ctx: RankContext) -> bool:
+        """Whether ``flag`` holds on any rank of this feature's group, from whether it holds
+        here (DP: an all-reduce). Every rank asks at the same point of the same step."""
+        return flag
 
     def rank_metadata(self, meta: AttentionMetadata, ctx: RankContext, block_size: int) -> AttentionMetadata:
         """This rank's attention metadata (context parallel shards it)."""

@@ -74,15 +74,15 @@ class DataParallel(RankAxisFeature):
         tokens, neg_uniform, work = mine.tolist()
         return StepShape(tokens, bool(-neg_uniform), bool(work))
 
-    def agree_pending(self, pending: bool, ctx: RankContext) -> bool:
+    def any_rank(self, flag: bool, ctx: RankContext) -> bool:
         if ctx.dp_group is None or not self.fix_on:
-            return pending
+            return flag
         import torch
         import torch.distributed as dist
 
-        flag = torch.tensor([int(pending)], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.dp_group)
-        return bool(flag.item())
+        mine = torch.tensor([int(flag)], dtype=torch.int64)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=ctx.dp_group)
+        return bool(mine.item())
 
     def before_forward(self, shape: RunShape, ctx: RankContext, step: int) -> None:
         check_agreement(shape, ctx, step)

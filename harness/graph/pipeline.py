@@ -123,6 +123,8 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
         except Exception as error:  # noqa: BLE001 - a failed capture is a finding, not a crash
             record.errors.append(PathError.of("graph", None, "capture", error))
             paths["graph"].finished = True
+        # every rank runs the graph path, or none: a rank whose capture failed stops its peers'
+        paths["graph"].finished = planners["graph"].any_rank(paths["graph"].finished)
         record.capture_seconds = time.perf_counter() - started
         record.graphs_captured = runner.graphs_captured
         record.stream_usage = dict(engine.stream_usage(), by_bucket=runner.streams_by_bucket)
@@ -201,7 +203,7 @@ class Stepper:
             plan = self._plan(name, step)
             if plan is None:  # no rank of this path has a batch now: done, or waiting for arrivals
                 pending = not path.batcher.done
-                path.finished = not (pending if name == "reference" else self.planners[name].any_rank_pending(pending))
+                path.finished = not self._on_any_rank(name, pending)
                 if not path.finished:
                     path.batcher.commit(None, {}, {})
                     progressed = True
@@ -209,15 +211,21 @@ class Stepper:
             progressed = True
             if name == "graph" or rec is None:
                 rec = self._record(step, plan, rec, path.batcher.index)
+            failed = False
             try:
                 self._execute(name, path, step, plan, rec)
             except Exception as error:  # noqa: BLE001 - recorded; the other paths go on
                 self.record.errors.append(PathError.of(name, path.batcher.index, "step", error,
                                                        bucket=plan.num_tokens_padded))
-                path.finished = True
+                failed = True
+            path.finished = self._on_any_rank(name, failed)  # a peer's failure stops this rank's path too
         if rec is not None:
             self.record.steps.append(rec)
         return progressed
+
+    def _on_any_rank(self, name: str, flag: bool) -> bool:
+        """``flag`` on any rank of the path's group; the reference path runs alone on each rank."""
+        return flag if name == "reference" else self.planners[name].any_rank(flag)
 
     def _plan(self, name: str, step: Step | None) -> StepPlan | None:
         if name == "reference":
@@ -247,14 +255,17 @@ class Stepper:
         tags = dict(step=rec.step, bucket=plan.num_tokens_padded, runtime_mode=str(plan.runtime_mode),
                     padding=plan.padded.padding_source)
         with fia_call_tags(path=name, **tags):
-            if path.drafter is not None and step is not None:
-                with fia_call_tags(phase="draft"):
-                    drafts = path.drafter.propose(step, path.tokens, plan, fix_on=self._drafter_fix_on())
-            inputs = step_inputs(step, path.tokens, plan.padded, drafts)
-            with fia_call_tags(phase="step"):
-                if name == "graph":
+            try:
+                if path.drafter is not None and step is not None:
+                    with fia_call_tags(phase="draft"):
+                        drafts = path.drafter.propose(step, path.tokens, plan, fix_on=self._drafter_fix_on())
+                inputs = step_inputs(step, path.tokens, plan.padded, drafts)
+            finally:
+                if name == "graph":  # a collective (DP's shape check): a rank whose drafter raised joins it too
                     for feature in self.spec.features:
                         feature.before_forward(plan.run_shape, self.ctx, rec.step)
+            with fia_call_tags(phase="step"):
+                if name == "graph":
                     logits, rec.executed = self.runner.execute(plan, inputs.input_ids)
                     rec.host_lists_unverifiable = plan.runtime_mode is CUDAGraphMode.FULL and rec.executed is None
                 else:

@@ -211,16 +211,18 @@ class StepPlanner:
         padded = self._rank_view(self._pad(meta, decision, added))
         return StepPlan(PlanKind.STEP, meta, decision, padded, ledger, shape, uniform)
 
-    def any_rank_pending(self, pending: bool) -> bool:
-        """On a step where no rank has a batch: whether any rank still has requests, now or
-        later (``pending``: whether this one does).
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank of this path (``flag``: whether it holds here).
 
-        A DP rank whose own requests are all done keeps stepping, idle, until every peer is
-        done, as vLLM's DP ranks keep running dummy batches while any engine has requests;
-        stopping alone would leave its peers waiting for it in the next step's agreement."""
+        For what every rank must decide alike: whether any rank still has requests, on a step
+        where none has a batch (a DP rank whose own requests are done keeps stepping, idle,
+        until every peer is done, as vLLM's DP ranks keep running dummy batches while any
+        engine has requests), and whether the path failed on any rank (then every rank stops
+        it). A rank that decided alone would leave its peers waiting for it in the next
+        step's agreement."""
         for feature in self.features:
-            pending = feature.agree_pending(pending, self.ctx)
-        return pending
+            flag = feature.any_rank(flag, self.ctx)
+        return flag
 
     # -- helpers ------------------------------------------------------------------------------
     def _pad(self, meta: AttentionMetadata, decision: DispatchDecision, added: dict[Any, int]) -> AttentionMetadata:
