@@ -9,8 +9,8 @@ exactly as pytest does (:func:`harness.collection.collect_points`), runs what co
 
 * ``refused``: a collection error (the message is kept: it should name the file, line and field);
 * ``passed``, ``skipped``: fine;
-* ``check failed``: a check's verdict. Random models in bfloat16 with TP or CP ranks can fail
-  the padding comparison on rounding alone (see the README of this directory), so read these;
+* ``check failed``: a check's verdict. No fix is switched off here, so each is a false
+  failure of the harness or a real pipeline bug: read every one;
 * ``harness bug``: crashes, rank exceptions and timeouts, runs with no step. Each is kept with
   its file, to rerun under pytest.
 

@@ -281,8 +281,8 @@ def _locate_rows(check: CheckResult | None, point: ScenarioPoint) -> None:
 
 def preflight(scenario: Scenario) -> tuple[str, str] | None:
     """What the schema cannot see: a model the canary cannot build, a model the TP ranks cannot
-    split, capture sizes a feature leaves empty, an unknown plugin feature. Returns
-    ``(field, message)`` or None."""
+    split, capture sizes a feature leaves empty or whose dummy batch outgrows ``max_model_len``,
+    an unknown plugin feature. Returns ``(field, message)`` or None."""
     try:
         features = scenario_features(scenario)
     except ValueError as error:

@@ -51,10 +51,11 @@ class Batcher:
 
     Running requests decode ``decode_query_len`` tokens a step (``1 + k`` with speculative
     decoding); a waiting request is admitted, its whole prompt prefilled in one step, when it
-    has arrived and the sequence and token budgets allow and the KV cache has its blocks free
-    (:func:`~harness.graph.kv_slots.kv_slots`, all allocated on admission, freed when it finishes). Otherwise it waits,
-    and so does every request behind it, as in vLLM's scheduler when ``allocate_slots`` fails. After each step, :meth:`commit` says how
-    many KV entries each request advanced and how many tokens it generated.
+    has arrived, the sequence and token budgets allow, and the KV cache has its blocks free
+    (:func:`~harness.graph.kv_slots.kv_slots`, all allocated on admission, freed when it
+    finishes). Otherwise it waits, and so does every request behind it, as in vLLM's scheduler
+    when ``allocate_slots`` fails. After each step, :meth:`commit` says how many KV entries
+    each request advanced and how many tokens it generated.
     """
 
     requests: Sequence[RequestPlan]

@@ -772,24 +772,23 @@ class Scenario(_Base):
 def _explicit_blocks_issue(steps: list[list[StepEntry]], totals: dict[str, int], model: ModelSpec) -> list[tuple[Loc, str]]:
     """The first explicit step whose live requests (from their first step to their last, each
     holding blocks for all its tokens) need more KV blocks than the cache has."""
+    blocks = {req: -(-total // model.block_size) for req, total in totals.items()}
     last = {str(e.req): i for i, step in enumerate(steps) for e in step}
     free = model.num_blocks - 1  # block 0 is reserved
     held: set[str] = set()
     in_use = 0
     for i, step in enumerate(steps):
-        for e in step:
-            if str(e.req) not in held:
-                held.add(str(e.req))
-                in_use += -(-totals[str(e.req)] // model.block_size)
+        arrived = {str(e.req) for e in step} - held
+        held |= arrived
+        in_use += sum(blocks[req] for req in arrived)
         if in_use > free:
             return [(("workload", "steps", i),
                      f"at step {i} the {len(held)} requests holding KV (from their first step to their last) "
                      f"need {in_use} blocks of {model.block_size} slots, the cache has {free} (model.num_blocks "
                      f"{model.num_blocks}, block 0 reserved): raise model.num_blocks")]
-        for e in step:
-            if last[str(e.req)] == i and str(e.req) in held:
-                held.discard(str(e.req))
-                in_use -= -(-totals[str(e.req)] // model.block_size)
+        ended = {str(e.req) for e in step if last[str(e.req)] == i}
+        held -= ended
+        in_use -= sum(blocks[req] for req in ended)
     return []
 
 
