@@ -4,8 +4,9 @@ Run: ``python benchmarks/ranks.py [--items]``. Machines here are noisy, so every
 ratio to the cost of ``python -c "import torch"`` measured in the same run (median of three).
 
 * start-up: ``run_ranks`` of a function that only joins the process group and returns, cold
-  (``warm=False``: spawn, interpreter + torch import per rank) and warm (forked from the warm
-  server), for 1, 2, 4 ranks; the warm server's own one-time start is reported apart.
+  (``warm=False``: spawn, interpreter + torch import per rank) and warm (the pool's workers,
+  forked once from the warm server and reused), for 1, 2, 4 ranks; the first warm run, which
+  starts the server and forks the workers, is reported apart.
 * ``--items``: one cross-product item per world size (1, 2, 4, 8, 16 ranks), run through
   :func:`harness.session.run_point` as pytest would, after one warm-up item.
 """
@@ -56,10 +57,11 @@ def main() -> None:
     print(f"unit: python -c 'import torch' = {unit:.2f} s (median of 3)")
     t = time.perf_counter()
     start_cost(1, warm=True)
-    print(f"warm server first start (once per process): {time.perf_counter() - t:.2f} s "
+    print(f"warm server and first worker start (once per process): {time.perf_counter() - t:.2f} s "
           f"= {(time.perf_counter() - t) / unit:.2f}x")
     for world in (1, 2, 4):
         cold = start_cost(world, warm=False)
+        start_cost(world, warm=True)  # forks the workers this world adds to the pool
         warm = statistics.median(start_cost(world, warm=True) for _ in range(3))
         print(f"{world} rank(s): cold {cold:.2f} s = {cold / unit:.2f}x, warm {warm:.3f} s = {warm / unit:.3f}x")
     if "--items" in sys.argv:

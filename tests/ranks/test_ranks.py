@@ -1,8 +1,9 @@
 """Tests for harness.ranks: real rank processes with torch.distributed (gloo, FileStore).
 
-Ranks are forked from the warm server (milliseconds) unless a test asks for ``warm=False``
-(interpreter + torch import, seconds): those tests are one run each. No time limit below
-includes process start: ``outcome.startup`` is subtracted where a duration is bounded.
+Ranks are warm workers (forked once from the warm server, in milliseconds, then reused) unless a
+test asks for ``warm=False`` (interpreter + torch import, seconds): those tests are one run each.
+No time limit below includes process start: ``outcome.startup`` is subtracted where a duration
+is bounded.
 """
 
 from __future__ import annotations
@@ -50,9 +51,16 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def _assert_clean(outcome: ranks.RanksOutcome, workdirs: list[str]) -> None:
-    assert outcome.pids and all(_gone(pid) for pid in outcome.pids), outcome.pids
+def _assert_clean(outcome: ranks.RanksOutcome, workdirs: list[str], warm: bool = True) -> None:
+    """No temp dir is left; the ranks of a failed (or spawned) run are gone; those of a clean
+    warm run wait, idle, in the pool, and are gone once it is closed."""
     assert workdirs and not any(os.path.exists(d) for d in workdirs), workdirs
+    assert outcome.pids
+    if outcome.ok and warm:
+        assert set(outcome.pids) <= set(ranks.pool_pids()), (outcome.pids, ranks.pool_pids())
+        ranks.close_pool()
+        assert not ranks.pool_pids()
+    assert all(_gone(pid) for pid in outcome.pids), outcome.pids
 
 
 def test_all_reduce_results_in_rank_order_and_logs(workdirs: list[str]) -> None:
@@ -121,7 +129,7 @@ def test_world_size_one_big_result_and_env(workdirs: list[str]) -> None:
     (res,) = out.results
     assert len(res["payload"]) == nbytes and res["payload"][:3] == b"\x00\x01\x02"
     assert res["env"] == "seen" and res["world"] == 1
-    _assert_clean(out, workdirs)
+    _assert_clean(out, workdirs, warm=False)
 
 
 def test_run_in_process() -> None:
@@ -140,14 +148,28 @@ def test_unpicklable_fn_is_a_caller_error() -> None:
         run_ranks(lambda rank, ws: None, 2, timeout=5)
 
 
-def test_warm_server_is_reused_and_every_run_gets_fresh_ranks(workdirs: list[str]) -> None:
+def test_warm_workers_are_reused_and_a_bigger_world_adds_some(workdirs: list[str]) -> None:
+    ranks.close_pool()
     first = run_ranks(rank_fns.parent_pid, 2, timeout=60)
     server = ranks.warm_server_pid()
     second = run_ranks(rank_fns.parent_pid, 2, timeout=60)
     assert first.ok and second.ok, first.report() + second.report()
     assert server is not None and ranks.warm_server_pid() == server
     assert first.results == [server, server] == second.results  # forked by the warm server
-    assert not set(first.pids) & set(second.pids)  # fresh processes per run, never reused
+    assert second.pids == first.pids  # the same two processes, one job each time
+    wider = run_ranks(rank_fns.all_reduce_sum, 3, args=(1.0,), timeout=60)
+    assert wider.ok and wider.results[0]["sum"][0] == 6.0, wider.report()
+    assert set(first.pids) < set(wider.pids)  # two reused, one forked
+    assert "hello from rank 2 of 3" in wider.logs[2] and "of 2" not in wider.logs[0]  # a log per run
+    _assert_clean(wider, workdirs)
+
+
+def test_a_worker_puts_its_environment_back(workdirs: list[str]) -> None:
+    ranks.close_pool()
+    first = run_ranks(rank_fns.big_result, 1, args=(256,), timeout=60, env={"GH_RANKS_TEST": "seen"})
+    second = run_ranks(rank_fns.big_result, 1, args=(256,), timeout=60)
+    assert first.ok and second.ok and first.pids == second.pids
+    assert first.results[0]["env"] == "seen" and second.results[0]["env"] is None
     _assert_clean(second, workdirs)
 
 
@@ -156,23 +178,29 @@ def test_a_failed_run_leaves_the_next_one_healthy(workdirs: list[str]) -> None:
     assert not hung.ok and {f.kind for f in hung.failures} == {"timeout"}
     crashed = run_ranks(rank_fns.exit_on_rank1, 2, args=(9,), timeout=60, grace=0.5)
     assert not crashed.ok and crashed.failures[1].exitcode == 9
+    assert all(_gone(pid) for pid in hung.pids + crashed.pids)  # a failed run's workers are ended
     after = run_ranks(rank_fns.all_reduce_sum, 2, args=(1.0,), timeout=60)
     assert after.ok, after.report()
+    assert not set(after.pids) & set(hung.pids + crashed.pids)  # new ones
     assert torch.equal(after.results[0]["sum"], torch.full((4,), 3.0))
     _assert_clean(after, workdirs)
     assert not any(os.path.exists(d) for d in workdirs), workdirs  # the failed runs' dirs too
 
 
 def test_a_dead_warm_server_is_replaced(workdirs: list[str]) -> None:
+    """The server and an idle worker die (killed from outside): the next run forks new workers
+    from a new server."""
     assert run_ranks(rank_fns.parent_pid, 1, timeout=60).ok
-    old = ranks.warm_server_pid()
+    old, (idle,) = ranks.warm_server_pid(), ranks.pool_pids()
     os.kill(old, signal.SIGKILL)
+    os.kill(idle, signal.SIGKILL)
     deadline = time.monotonic() + 30
-    while not _gone_or_zombie(old) and time.monotonic() < deadline:
+    while not (_gone_or_zombie(old) and _gone_or_zombie(idle)) and time.monotonic() < deadline:
         time.sleep(0.05)
     out = run_ranks(rank_fns.parent_pid, 2, timeout=60)
     assert out.ok, out.report()
-    assert ranks.warm_server_pid() not in (None, old) and out.results[0] == ranks.warm_server_pid()
+    assert ranks.warm_server_pid() not in (None, old) and out.results == [ranks.warm_server_pid()] * 2
+    assert _gone(idle)  # reaped, not left a zombie
     _assert_clean(out, workdirs)
 
 
@@ -263,7 +291,7 @@ def test_an_interrupted_run_ends_its_ranks(workdirs: list[str]) -> None:
         raise Limit()
 
     assert run_ranks(rank_fns.parent_pid, 1, timeout=60).ok  # the warm server is up: ranks start in ms
-    seen: list[int] = []
+    seen: list[int] = list(ranks.pool_pids())  # the run takes the idle worker, and forks one more
     real_start = ranks.multiprocessing.process.BaseProcess.start
 
     def start(self):
