@@ -24,7 +24,7 @@ from harness.checks.dispatch_table import check_dispatch_table, summarize_mismat
 from harness.engine import DeviceRules, StreamConfig, UnsupportedOnBackend, load, resolve
 from harness import features as registry
 from harness.features import Feature, active_features
-from harness.features.layout import axis_sizes, describe, rank_context
+from harness.features.layout import axis_sizes, describe, rank_context, runs_reference
 from harness.graph.capture_sizes import EngineRefusal, SizeResolution, resolve_sizes
 from harness.graph.modes import CUDAGraphMode, parse_mode
 from harness.graph.pipeline import GraphConfig, PipelineSpec, Workload, run_pipeline
@@ -330,13 +330,18 @@ def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK,
     record = RunRecord(scenario.graph.mode, backend, sizes, budget=budget)
     stack = stack_of(scenario)
     record.notes.append(f"stack {stack.name}: {stack.summary}")
-    record.notes.extend(size_resolution(scenario, scenario_features(scenario)).notes)
+    features = scenario_features(scenario)
+    record.notes.extend(size_resolution(scenario, features).notes)
+    reference = runs_reference(features, ctx)
+    if not reference:
+        record.notes.append(f"rank {ctx.rank}: the reference path and the plain greedy decode ran on the first rank "
+                            "of its TP/CP group (the same requests), and were compared there")
     per_group = 1 if scenario.engine.hccl_mode == "AIV" else 2
     engine.reset_device(StreamConfig(scenario.engine.stream_pool, scenario.engine.streams_per_graph, per_group),
                         device_rules(stack))
     try:
         with cyclic_gc_paused():
-            run_pipeline(spec, engine, record, ctx, rank_model=_rank_model(ctx))
+            run_pipeline(spec, engine, record, ctx, rank_model=_rank_model(ctx), reference=reference)
     finally:
         engine.reset_device()
     tolerance = (scenario.tolerance.atol, scenario.tolerance.rtol) if scenario.tolerance else None

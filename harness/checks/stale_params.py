@@ -46,9 +46,10 @@ def check_stale_params(record: RunRecord) -> CheckResult:
         )
         return CheckResult(CheckName.STALE_PARAMS, False, summary, first["step"], details)
     unverifiable = any(step.host_lists_unverifiable for step in record.steps)
-    repeated = [
+    eager = repetition["reference"]
+    repeated = [  # a rank without the eager text leaves this comparison to the peer that has it
         req for req, rep in repetition["graph"].items()
-        if rep["score"] - repetition["reference"].get(req, {"score": 0.0})["score"] >= REPETITION_MARGIN
+        if record.reference_here and rep["score"] - eager.get(req, {"score": 0.0})["score"] >= REPETITION_MARGIN
     ]
     if unverifiable and repeated:  # the engine could not say what ran: the text is the evidence
         summary = (f"graph text repeats where eager does not (requests {', '.join(repeated)}; "

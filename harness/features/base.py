@@ -121,6 +121,12 @@ class Feature:
         """This rank's share of the workload's requests (DP splits them among its ranks)."""
         return plans
 
+    def splits_requests(self) -> bool:
+        """Whether ranks along this feature's axis get different requests: true of a feature
+        that overrides :meth:`share_requests` (DP), false of one that splits a step's work
+        (SP, CP), whose ranks all run the same requests."""
+        return type(self).share_requests is not Feature.share_requests
+
     # -- per-step hooks ---------------------------------------------------------------------------
     def agree(self, shape: StepShape, ctx: RankContext) -> StepShape:
         """The shape every rank runs, from this rank's (DP: an all-reduce); before dispatch."""

@@ -19,6 +19,19 @@ def axis_sizes(features: Sequence[Feature]) -> list[tuple[str, int]]:
     return [(f.axis, f.world_size()) for f in features if f.axis and f.world_size() > 1]
 
 
+def runs_reference(features: Sequence[Feature], ctx: RankContext) -> bool:
+    """Whether this rank runs the reference path (and the plain greedy decode of spec decode).
+
+    Both are the unsplit model, eager and unpadded, on this rank's requests: the same
+    computation, bit for bit, on every rank that gets the same requests, i.e. the ranks that
+    differ only on axes whose feature does not split requests (the TP ranks of SP, the CP
+    ranks). The first of those runs it and compares against it; the others skip it, and their
+    graph and padded paths are still checked against each other. DP ranks, which get requests
+    of their own, each run it.
+    """
+    return all(ctx.axis(f.axis).rank == 0 for f in features if f.axis and not f.splits_requests())
+
+
 def coordinates(sizes: Sequence[tuple[str, int]], rank: int) -> dict[str, int]:
     """This rank's index on every axis (row-major, the first axis outermost)."""
     coords: dict[str, int] = {}

@@ -97,14 +97,19 @@ class Path:
 
 
 def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankContext = SINGLE_RANK,
-                 rank_model: Any = None) -> RunRecord:
-    """Execute ``spec`` on ``engine``, filling ``record`` (also when something raises)."""
+                 rank_model: Any = None, reference: bool = True) -> RunRecord:
+    """Execute ``spec`` on ``engine``, filling ``record`` (also when something raises).
+
+    ``reference=False``: skip the reference path and the plain greedy decode, which a peer
+    with the same requests computes (``harness.features.layout.runs_reference``)."""
     register_updatable_ops(engine)
     reference_model = build_model(spec.model)
     model = rank_model(reference_model) if rank_model else reference_model
     draft = draft_model(reference_model, spec.drafter_layers) if spec.num_speculative_tokens else None
     paths = {name: _new_path(name, spec, reference_model if name == "reference" else model, draft)
              for name in PATHS}
+    record.reference_here = reference
+    paths["reference"].finished = not reference
     style = next((s for f in spec.features if (s := f.attention_style(ctx)) is not None), AttentionStyle())
     # One planner per path that is dispatched: each path has its own scheduler state.
     planners = {name: StepPlanner(spec.planner_config(), spec.features, ctx) for name in ("padded", "graph")}
@@ -133,12 +138,13 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
         for _ in range(spec.max_steps):
             if not stepper.step(paths):
                 break
+    ran = {name: path for name, path in paths.items() if reference or name != "reference"}
     record.texts = {
         name: {req: ids[path.prompt_lengths[req]:] for req, ids in path.tokens.items()}
-        for name, path in paths.items()
+        for name, path in ran.items()
     }
-    record.unfinished = {name: path.batcher.unfinished() for name, path in paths.items()}
-    if spec.num_speculative_tokens:
+    record.unfinished = {name: path.batcher.unfinished() for name, path in ran.items()}
+    if spec.num_speculative_tokens and reference:
         record.texts["plain"], record.unfinished["plain"] = plain_greedy_texts(spec, reference_model)
     runner.release()
     return record

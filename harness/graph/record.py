@@ -97,6 +97,7 @@ class RunRecord:
     budget: dict[str, Any] = field(default_factory=dict)  # the capture-size policy's decision
     notes: list[str] = field(default_factory=list)
     speculation: dict[str, dict[str, int]] = field(default_factory=dict)  # path -> proposed/accepted
+    reference_here: bool = True  # False: a peer with the same requests ran the reference (runs_reference)
 
     def error_of(self, path: str) -> PathError | None:
         return next((e for e in self.errors if e.path == path), None)

@@ -20,7 +20,7 @@ from harness.features import (
     size_constraints,
     world_size,
 )
-from harness.features.layout import axis_sizes, coordinates
+from harness.features.layout import axis_sizes, coordinates, runs_reference
 from harness.graph.capture_sizes import EngineRefusal, compose_constraints
 from harness.graph.scheduler import RequestPlan
 from harness.graph.shape import RankAxis, RankContext, StepShape
@@ -86,6 +86,18 @@ def test_rank_layout_follows_the_registry_outermost_first():
     assert sizes == [("dp", 2), ("tp", 2), ("cp", 2)] and world_size(features) == 8
     # rank = (dp_rank * tp + tp_rank) * cp + cp_rank
     assert coordinates(sizes, 5) == {"dp": 1, "tp": 0, "cp": 1}
+
+
+def test_the_reference_runs_once_per_group_of_ranks_with_the_same_requests():
+    """DP ranks get requests of their own, each runs the reference; TP and CP ranks share their
+    requests, and only the first of them runs it."""
+    features = active_features({"dp": {"size": 2}, "sp": {"tp": 2}, "cp": {"size": 2}}, {})
+    sizes = axis_sizes(features)
+    running = [r for r in range(8)
+               if runs_reference(features, RankContext(r, 8, {a: RankAxis(n, coordinates(sizes, r)[a]) for a, n in sizes}))]
+    assert running == [0, 4]  # (dp 0, tp 0, cp 0) and (dp 1, tp 0, cp 0)
+    assert [f.splits_requests() for f in features] == [True, False, False]
+    assert runs_reference([], RankContext())  # a single rank runs everything
 
 
 def test_cp_is_not_modelled_together_with_sp():

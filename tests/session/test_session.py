@@ -46,6 +46,36 @@ def test_runs_are_deterministic_bit_for_bit():
             assert torch.equal(a.logits[path], b.logits[path])
 
 
+TP2 = """
+name: tp2
+model: {kind: random, layers: 1, hidden_size: 32, num_heads: 4, num_kv_heads: 2, head_dim: 8}
+graph: {mode: FULL_AND_PIECEWISE, capture_sizes: [2, 4, 8]}
+features: {sp: {tp: 2}, mtp: {k: 1}}
+steps: 5
+workload:
+  requests:
+    - {prompt_len: 3, output_len: 4, repeat: 2}
+"""
+
+
+def test_tp_ranks_compute_the_reference_once_and_rank_0_compares_it():
+    from harness.ranks import run_ranks
+    from harness.session import _rank_job, dispatch_rows
+
+    (point,) = load_scenario_text(TP2)
+    out = run_ranks(_rank_job, 2, args=(point.scenario.model_dump(mode="json"), "emulated",
+                                        dispatch_rows(point.scenario)), timeout=300)
+    assert out.ok, out.report()
+    (first, first_checks), (second, second_checks) = out.results
+    assert first.reference_here and not second.reference_here
+    assert {"reference", "plain"} <= set(first.texts) and not {"reference", "plain"} & set(second.texts)
+    assert all("reference" in s.sampled for s in first.steps) and not any("reference" in s.sampled for s in second.steps)
+    assert "ran on the first rank of its TP/CP group" in " ".join(second.notes)
+    assert all(c.passed for c in first_checks.values()) and all(c.passed for c in second_checks.values())
+    assert first.texts["graph"] == second.texts["graph"]  # the same tokens on both ranks
+    assert first_checks["equality"].details["compared"] > second_checks["equality"].details["compared"] > 0
+
+
 def test_a_crash_inside_the_pipeline_is_the_items_result(monkeypatch):
     import harness.session as session
 
