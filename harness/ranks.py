@@ -266,14 +266,9 @@ def run_ranks(
         if healthy:
             _POOL.give_back(workers)  # every rank reported: each worker waits for its next job
         else:  # also on KeyboardInterrupt / an item's time limit / unexpected errors in the parent
-            _end_all(procs)
             for worker in workers:
                 worker.conn.close()
-            for p in procs:
-                try:
-                    p.close()
-                except ValueError:  # still running: cannot happen after _end_all, but never mask
-                    pass
+            _end_and_close(procs)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -366,10 +361,11 @@ class _Worker:
     def send(self, job: _Job) -> None:
         self.conn.send_bytes(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
 
-    def end(self) -> None:
-        self.conn.close()  # a worker waiting for a job reads EOF and exits
-        _end_all([self.process])
-        self.process.close()
+
+def _end_workers(workers: list[_Worker]) -> None:
+    for worker in workers:
+        worker.conn.close()  # a worker waiting for a job reads EOF and exits
+    _end_and_close([worker.process for worker in workers])
 
 
 class _Pool:
@@ -384,12 +380,8 @@ class _Pool:
     def take(self, n: int, fn: Callable[..., Any]) -> list[_Worker]:
         if self.owner != os.getpid():
             self.idle, self.owner = [], os.getpid()
-        alive = []
-        for worker in self.idle:
-            if _alive(worker.process):
-                alive.append(worker)
-            else:  # died while idle (killed from outside): reap it
-                worker.end()
+        alive = [worker for worker in self.idle if _alive(worker.process)]
+        _end_workers([worker for worker in self.idle if worker not in alive])  # died idle (killed): reap
         self.idle = []
         while len(alive) < n:
             try:
@@ -405,8 +397,7 @@ class _Pool:
 
     def close(self) -> None:
         workers, self.idle = self.idle, []
-        for worker in workers:
-            worker.end()
+        _end_workers(workers)
 
     @staticmethod
     def _start(fn: Callable[..., Any]) -> _Worker:
@@ -571,6 +562,16 @@ def _end_all(procs: list[BaseProcess]) -> None:
             pass
 
 
+def _end_and_close(procs: list[BaseProcess]) -> None:
+    """:func:`_end_all`, then release each process object's resources."""
+    _end_all(procs)
+    for p in procs:
+        try:
+            p.close()
+        except ValueError:  # still running: cannot happen after _end_all, but never mask
+            pass
+
+
 def _mtime(path: str) -> float:
     try:
         return os.stat(path).st_mtime
@@ -662,6 +663,7 @@ def _worker_main(conn: multiprocessing.connection.Connection, parent_pid: int) -
         except (EOFError, OSError):  # the harness closed the pool, or is gone
             os._exit(0)
         saved = {name: os.environ.get(name) for name in job.env}
+        os.environ.update(job.env)
         ok = _run_job(job)
         if not ok:
             os._exit(1)
@@ -691,7 +693,8 @@ def _start_rank(parent_pid: int) -> None:
 
 
 def _run_job(job: _Job) -> bool:
-    """One rank's job: log redirection, env, ready file, process group, ``fn``, result file."""
+    """One rank's job (its env already set): log redirection, ready file, process group, ``fn``,
+    result file."""
     _current_workdir[0] = job.workdir
     log_fd = os.open(_log_path(job.workdir, job.rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)  # fds, not sys.stdout: C-level output (gloo, faulthandler) lands there too
@@ -702,7 +705,6 @@ def _run_job(job: _Job) -> bool:
             stream.reconfigure(line_buffering=True)  # a print survives a later os._exit
         except (AttributeError, ValueError):
             pass
-    os.environ.update(job.env)
     try:
         import torch.distributed as dist
 

@@ -47,10 +47,10 @@ def check_stale_params(record: RunRecord) -> CheckResult:
         return CheckResult(CheckName.STALE_PARAMS, False, summary, first["step"], details)
     unverifiable = any(step.host_lists_unverifiable for step in record.steps)
     eager = repetition["reference"]
-    repeated = [  # a rank without the eager text leaves this comparison to the peer that has it
+    repeated = [
         req for req, rep in repetition["graph"].items()
-        if record.reference_here and rep["score"] - eager.get(req, {"score": 0.0})["score"] >= REPETITION_MARGIN
-    ]
+        if rep["score"] - eager.get(req, {"score": 0.0})["score"] >= REPETITION_MARGIN
+    ] if record.reference_here else []  # a rank without the eager text leaves this to the peer that has it
     if unverifiable and repeated:  # the engine could not say what ran: the text is the evidence
         summary = (f"graph text repeats where eager does not (requests {', '.join(repeated)}; "
                    f"{_scores(repetition)}): host parameters were probably frozen at capture")
