@@ -71,13 +71,14 @@ def pytest_configure(config: pytest.Config) -> None:
     selected_modes(config)  # a bad --mode is a usage error before collection
     # One bad scenario file is a collection error for that file only; the rest still runs.
     config.option.continue_on_collection_errors = True
-    import torch
+    if _runs_items(config):
+        import torch
 
-    # One intra-op thread, with or without -n: the harness's ops are tiny, and on a loaded
-    # machine every multi-threaded op waits milliseconds for its threads (profiled: a 15 us
-    # bmm took 5 to 10 ms with 2 threads). Replay and eager share the process, so equality
-    # is unaffected.
-    torch.set_num_threads(1)
+        # One intra-op thread, with or without -n: the harness's ops are tiny, and on a loaded
+        # machine every multi-threaded op waits milliseconds for its threads (profiled: a 15 us
+        # bmm took 5 to 10 ms with 2 threads). Replay and eager share the process, so equality
+        # is unaffected.
+        torch.set_num_threads(1)
     config.stash[_results_key] = []
     config.pluginmanager.register(ResultsCollector(config), "graph-harness-results")
     if config.pluginmanager.hasplugin("html"):
@@ -87,22 +88,43 @@ def pytest_configure(config: pytest.Config) -> None:
     _describe_environment(config)
 
 
+def _runs_items(config: pytest.Config) -> bool:
+    """False in an xdist controller: it only hands items to its workers, and so never needs
+    torch (importing it there would hold back the start of every worker by seconds)."""
+    return hasattr(config, "workerinput") or getattr(config.option, "dist", "no") == "no"
+
+
 def _describe_environment(config: pytest.Config) -> None:
-    """torch, harness version and backend in pytest-html's Environment table."""
+    """torch, harness version and backend in pytest-html's Environment table (torch not imported)."""
     try:
         from pytest_metadata.plugin import metadata_key
     except ImportError:
         return
-    import torch
-
     import harness
     from harness.engine import resolve
+    from harness.report.run_info import torch_version
 
     table = config.stash.get(metadata_key, None)
     if table is not None:
-        # str(): torch.__version__ is a TorchVersion, which execnet cannot send to xdist workers
-        table.update({"graph-harness": harness.__version__, "torch": str(torch.__version__),
+        table.update({"graph-harness": harness.__version__, "torch": torch_version(),
                       "backend": resolve(config.getoption("--backend"))})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In an xdist worker, scenario items run dearest first (:func:`harness.session.work_estimate`).
+
+    xdist hands out items in collection order: a 16-rank item or a 40-layer one that comes last
+    keeps one worker busy while the others sit idle, and the run waits for it. Dearest first
+    ("longest processing time first") leaves the cheap items for the end, where they even the
+    workers out. Other items keep their places; a run without xdist keeps file order."""
+    if not hasattr(config, "workerinput"):
+        return
+    from harness.session import work_estimate
+
+    slots = [i for i, item in enumerate(items) if isinstance(item, ScenarioItem)]
+    dearest = sorted((items[i] for i in slots), key=lambda item: -work_estimate(item.point.scenario))
+    for i, item in zip(slots, dearest):
+        items[i] = item
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:

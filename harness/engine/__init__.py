@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import re
+import sys
+from pathlib import Path
 
 from .errors import (
     CaptureError,
@@ -27,6 +30,7 @@ from .errors import (
 from .protocol import Capabilities, DeviceRules, Engine, StreamConfig
 
 BACKENDS = ("emulated", "npu", "cuda", "auto")
+EMULATED_DEVICE_NAME = "emulated NPU on CPU"
 
 
 def npu_available() -> bool:
@@ -43,9 +47,36 @@ def npu_available() -> bool:
 
 
 def cuda_available() -> bool:
+    """True when torch sees a CUDA (or ROCm) device. A CPU-only build of torch is answered from
+    its ``torch/version.py`` without importing torch: an xdist controller, which runs no item,
+    then never pays the import (seconds) before it starts its workers."""
+    if "torch" not in sys.modules and not _torch_build_has_gpu():
+        return False
     import torch
 
     return torch.cuda.is_available()
+
+
+def _torch_build_has_gpu() -> bool:
+    """Whether the installed torch was built with CUDA or HIP (True when that cannot be read)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return True  # no torch to read: let the import say what is wrong
+    version_file = Path(next(iter(spec.submodule_search_locations))) / "version.py"
+    try:
+        text = version_file.read_text()
+    except OSError:
+        return True
+    # generated at build time: `cuda: Optional[str] = None` or `cuda = '12.4'` (hip alike)
+    return any(re.search(rf"^{name}\b[^=]*=\s*(?!None\b)\S", text, re.MULTILINE) for name in ("cuda", "hip"))
+
+
+def device_name(name: str) -> str:
+    """The device that backend ``name`` runs on. The emulator's is known without importing torch."""
+    resolved = resolve(name)
+    if resolved == "emulated":
+        return EMULATED_DEVICE_NAME
+    return load(resolved).device_name()
 
 
 def resolve(name: str) -> str:
@@ -74,5 +105,5 @@ def load(name: str = "auto") -> Engine:
 
 __all__ = [
     "BACKENDS", "Capabilities", "CaptureError", "DeviceRules", "Engine", "StreamConfig", "EngineError", "GraphHangError", "StreamBudgetError",
-    "TaskUpdateError", "UnsupportedOnBackend", "load", "resolve",
+    "TaskUpdateError", "UnsupportedOnBackend", "cuda_available", "device_name", "load", "npu_available", "resolve",
 ]

@@ -13,6 +13,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -62,31 +63,43 @@ def cann_version() -> str | None:
 
 
 def environment(backend: str) -> dict[str, Any]:
-    """Versions, device and backend; ``backend`` may be ``auto`` (resolved here)."""
-    import torch
+    """Versions, device and backend; ``backend`` may be ``auto`` (resolved here).
 
+    On the emulator this imports no torch: an xdist controller describes the run before it
+    starts its workers, and an import there would delay every worker by seconds."""
     import harness
-    from harness.engine import load, resolve
+    from harness.engine import device_name, resolve
 
     resolved = resolve(backend)
     env: dict[str, Any] = {
         "harness": harness.__version__,
         "python": platform.python_version(),
-        "torch": str(torch.__version__),  # a TorchVersion is not plain data for execnet
+        "torch": torch_version(),
         "backend": resolved,
     }
     try:
-        env["device"] = load(resolved).device_name()
+        env["device"] = device_name(resolved)
     except Exception as error:  # noqa: BLE001 - an absent device is reported per item, not here
         env["device"] = f"unavailable ({type(error).__name__}: {error})"
-    if resolved == "cuda" and torch.version.cuda:
-        env["cuda"] = torch.version.cuda
+    if resolved == "cuda":
+        import torch
+
+        if torch.version.cuda:
+            env["cuda"] = torch.version.cuda
     for key, value in (("torch_npu", package_version("torch_npu") or package_version("torch-npu")),
                        ("cann", cann_version())):
         if value:
             env[key] = value
     env["platform"] = platform.platform()
     return env
+
+
+def torch_version() -> str | None:
+    """The version of torch in use: the imported module's, else the installed package's."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return str(torch.__version__)  # a TorchVersion is not plain data for execnet
+    return package_version("torch")
 
 
 def suite_properties(run: dict[str, Any]) -> list[tuple[str, str]]:

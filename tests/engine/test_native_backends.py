@@ -72,6 +72,48 @@ def test_selecting_npu_in_a_fresh_process_imports_no_torch_npu():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+@cpu_only
+def test_auto_on_a_cpu_build_of_torch_resolves_without_importing_torch():
+    """An xdist controller resolves the backend for its report header: on a CPU build of
+    torch that takes reading ``torch/version.py``, never the import (seconds)."""
+    if engine_mod._torch_build_has_gpu():
+        pytest.skip("this torch build has CUDA or HIP: resolving it needs torch.cuda")
+    code = (
+        "import sys\n"
+        "from harness.engine import device_name, resolve\n"
+        "from harness.report.run_info import environment\n"
+        "assert resolve('auto') == 'emulated' and device_name('auto') == 'emulated NPU on CPU'\n"
+        "env = environment('auto')\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "print(env['torch'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == str(torch.__version__), done.stderr
+
+
+@pytest.mark.parametrize(("text", "has_gpu"), [
+    ("cuda: Optional[str] = None\nhip: Optional[str] = None\n", False),
+    ("cuda: Optional[str] = '12.8'\nhip: Optional[str] = None\n", True),
+    ("cuda = '12.4'\nhip = None\n", True),
+    ("cuda = None\nhip = '6.2.41133'\n", True),
+    ("cudnn = '9'\ncuda = None\n", False),
+])
+def test_a_torch_build_says_whether_it_has_a_gpu_in_its_version_file(tmp_path, monkeypatch, text, has_gpu):
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "version.py").write_text(text)
+    spec = importlib.util.spec_from_file_location("torch", tmp_path / "torch" / "__init__.py",
+                                                  submodule_search_locations=[str(tmp_path / "torch")])
+    monkeypatch.setattr(engine_mod.importlib.util, "find_spec", lambda name: spec)
+    assert engine_mod._torch_build_has_gpu() is has_gpu
+
+
+def test_an_unreadable_torch_build_is_asked_through_torch_itself(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("torch", tmp_path / "torch" / "__init__.py",
+                                                  submodule_search_locations=[str(tmp_path / "torch")])
+    monkeypatch.setattr(engine_mod.importlib.util, "find_spec", lambda name: spec)
+    assert engine_mod._torch_build_has_gpu() is True  # no version.py: import torch and ask it
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="a CUDA device is present")
 def test_selecting_cuda_without_a_gpu_fails_cleanly():
     with pytest.raises(UnsupportedOnBackend, match="torch.cuda is not available"):

@@ -127,6 +127,27 @@ def test_xdist_workers_send_their_records_to_the_controller(project):
     assert len(json.loads((project.path / "r.json").read_text())["items"]) == 3
 
 
+def test_the_xdist_controller_never_imports_torch_and_workers_run_dearest_first(project):
+    # The controller only hands out items: an import of torch there (seconds) would hold back
+    # the start of every worker. Its environment table and results file still name torch.
+    project.makeconftest(
+        'import json, sys\n'
+        'pytest_plugins = ["harness.pytest_plugin"]\n'
+        'def pytest_sessionfinish(session):\n'
+        '    if not hasattr(session.config, "workerinput"):\n'
+        '        open("controller.json", "w").write(json.dumps("torch" in sys.modules))\n')
+    _write(project, "scenarios/a.yaml", TINY.format(mode=", mode: FULL", extra=""))
+    _write(project, "scenarios/b.yaml", TINY.format(mode=", mode: FULL", extra="").replace("name: tiny", "name: wide")
+           .replace("steps: 3", "steps: 3\nfeatures: {dp: {size: 2}}"))
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1", "-v", "--results-json=r.json")
+    result.assert_outcomes(passed=2)
+    assert json.loads((project.path / "controller.json").read_text()) is False
+    assert json.loads((project.path / "r.json").read_text())["environment"]["torch"]
+    # one worker runs the items in its order: the two-rank item, collected last, runs first
+    order = [line for line in result.stdout.lines if "PASSED" in line]
+    assert "b.yaml" in order[0] and "a.yaml" in order[1], result.stdout.str()
+
+
 def test_problems_only_the_harness_sees_still_name_file_line_and_field(project):
     _write(project, "scenarios/sizes.yaml", "name: s\ngraph:\n  mode: FULL\n  capture_sizes: [1, 3]\n"
                                           "features: {sp: {tp: 2}}\nworkload:\n  requests:\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
+from .. import EMULATED_DEVICE_NAME
 from ..errors import TaskUpdateError
 from ..protocol import Capabilities, DeviceRules, StreamConfig
 from .device import EmulatedDevice
@@ -52,7 +53,7 @@ def memory_report() -> dict[str, Any]:
 
 
 def device_name() -> str:
-    return "emulated NPU on CPU"
+    return EMULATED_DEVICE_NAME
 
 
 # -- graphs -----------------------------------------------------------------------------------
