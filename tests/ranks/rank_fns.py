@@ -81,12 +81,13 @@ HEAVY_MODULES = ("torch._dynamo", "sympy")
 
 
 def scenario_rank_imports(rank: int, world_size: int, scenario_json: dict) -> list[str]:
-    """Run one rank of a scenario as the session does; return the heavy modules it then holds
-    (imported by its job, or inherited from the warm server, which would pay them once per
-    worker for nothing)."""
+    """Run one rank of a scenario as the session does; return the heavy modules its job
+    imported. (What the rank inherited is the warm server's: a spawned server never imports
+    them, tests/ranks checks it; a forked one holds what the harness process had anyway.)"""
     import sys
 
     from harness.session import _rank_job
 
+    before = {name for name in HEAVY_MODULES if name in sys.modules}
     _rank_job(rank, world_size, scenario_json, "emulated")
-    return [name for name in HEAVY_MODULES if name in sys.modules]
+    return [name for name in HEAVY_MODULES if name in sys.modules and name not in before]

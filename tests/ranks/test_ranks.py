@@ -9,6 +9,7 @@ is bounded.
 from __future__ import annotations
 
 import os
+import json
 import pickle
 import signal
 import subprocess
@@ -310,6 +311,44 @@ def test_an_interrupted_run_ends_its_ranks(workdirs: list[str]) -> None:
         signal.signal(signal.SIGALRM, previous)
     assert len(seen) == 2 and all(_gone(pid) for pid in seen), seen
     assert workdirs and not any(os.path.exists(d) for d in workdirs)
+
+
+_SERVER_SCRIPT = """
+import json, sys
+import torch
+from harness import ranks
+from tests.ranks import rank_fns
+if __name__ == "__main__":
+    torch.set_num_threads({threads})
+    out = ranks.run_ranks(rank_fns.parent_pid, 2, timeout=120)
+    server = ranks.warm_server_pid()
+    with open(f"/proc/{{server}}/cmdline", "rb") as f:
+        cmdline = f.read().decode().split("\\0")
+    print(json.dumps({{"ok": out.ok, "parents": out.results, "server": server, "cmdline": cmdline}}), flush=True)
+"""
+
+
+@pytest.mark.parametrize(("threads", "forked"), [(1, True), (2, False)])
+def test_the_warm_server_is_forked_from_a_harness_process_with_one_thread(tmp_path: Path, threads: int,
+                                                                         forked: bool) -> None:
+    """A process with torch imported and one intra-op thread forks its warm server (no second
+    import of torch); one whose thread pool may be running spawns a fresh interpreter instead."""
+    script = tmp_path / "server.py"
+    script.write_text(textwrap.dedent(_SERVER_SCRIPT.format(threads=threads)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), *sys.path])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["ok"] and out["parents"] == [out["server"]] * 2
+    spawned = any("multiprocessing.forkserver" in part for part in out["cmdline"])
+    assert spawned is not forked, out["cmdline"]
+
+
+def test_the_spawned_warm_servers_preload_imports_no_dynamo_or_sympy() -> None:
+    code = ("import sys\nimport harness.warm_start\n"
+            f"print([m for m in {rank_fns.HEAVY_MODULES!r} if m in sys.modules])\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("point_id", ["FULL-tp2-dp1-k1-cp1-mixed", "PIECEWISE-tp1-dp1-k0-cp2-mixed"])
