@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["step_tokens_svg", "streams_svg", "padding_waste_svg", "padding_by_bucket", "step_padding",
-           "SOURCE_COLOURS", "safely"]
+           "SOURCE_COLOURS", "preload", "safely"]
 
 #: One colour per ledger source, the same in every chart (real work is blue, padding warm).
 SOURCE_COLOURS = {"real": "#4c78a8", "bucket": "#f58518", "sp": "#e45756", "dp": "#b279a2",
@@ -58,6 +58,14 @@ def _matplotlib() -> Any:
     from matplotlib.figure import Figure
 
     return Figure
+
+
+def preload() -> None:
+    """Import matplotlib now (about a second), ahead of the first chart; never raises."""
+    try:
+        _matplotlib()
+    except Exception:  # noqa: BLE001 - the chart that needs it reports the problem
+        pass
 
 
 def _figure(width: float, height: float, bottom: float = 0.42) -> tuple[Any, Any]:

@@ -14,6 +14,7 @@ the fragment says) are left out of pytest-html's data.
 from __future__ import annotations
 
 import html as html_escape
+import threading
 from typing import Any
 
 import pytest
@@ -45,10 +46,19 @@ def _sort_key(text: str) -> str:
 class HtmlReport:
     """pytest-html hooks; collects the fragments on the process that writes the report."""
 
-    def __init__(self, records: list[dict[str, Any]]) -> None:
+    def __init__(self, records: list[dict[str, Any]], *, preload_charts: bool = False) -> None:
         self.records = records  # the results collector's list: every item's record, any worker
         self.fragments: dict[str, str] = {}
         self.media = False  # whether any test attached an image or a video (pytest-html extras)
+        self.preload_charts = preload_charts
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        # An xdist controller waits while its workers run the items, then draws the summary
+        # charts: matplotlib's import (about a second) is done in that wait, not after it.
+        if self.preload_charts:
+            from harness.report import charts
+
+            threading.Thread(target=charts.preload, name="graph-harness-charts", daemon=True).start()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         fragment = getattr(report, FRAGMENT_KEY, None)

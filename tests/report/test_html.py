@@ -255,3 +255,27 @@ def test_the_page_keeps_the_video_template_only_when_a_test_attached_media():
     hooks.pytest_runtest_logreport(SimpleNamespace(when="call", nodeid="t::b", extras=[{"format_type": "image"}]))
     assert hooks.media
     assert 'data-gh-media="0"' in render_page([], media=False) and 'data-gh-media="1"' in render_page([], media=True)
+
+
+def test_an_xdist_controller_imports_matplotlib_while_its_workers_run(monkeypatch):
+    """The summary charts are drawn once the workers are done: the import is done before."""
+    import threading
+
+    from harness.report.html_hooks import HtmlReport
+
+    calls: list[str] = []
+    monkeypatch.setattr(charts, "preload", lambda: calls.append(threading.current_thread().name))
+    HtmlReport([], preload_charts=False).pytest_sessionstart(None)
+    HtmlReport([], preload_charts=True).pytest_sessionstart(None)
+    for thread in threading.enumerate():
+        if thread.name == "graph-harness-charts":
+            thread.join(timeout=60)
+    assert calls == ["graph-harness-charts"]  # once, off the main thread
+
+
+def test_preloading_the_charts_never_raises(monkeypatch):
+    def broken():
+        raise ImportError("no matplotlib here")
+
+    monkeypatch.setattr(charts, "_matplotlib", broken)
+    charts.preload()  # the chart that needs it says so, not the preload
