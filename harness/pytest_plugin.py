@@ -122,23 +122,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         gc.freeze()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In an xdist worker, scenario items run dearest first (:func:`harness.session.work_estimate`).
-
-    xdist hands out items in collection order: a 16-rank item or a 40-layer one that comes last
-    keeps one worker busy while the others sit idle, and the run waits for it. Dearest first
-    ("longest processing time first") leaves the cheap items for the end, where they even the
-    workers out. Other items keep their places; a run without xdist keeps file order."""
-    if not hasattr(config, "workerinput"):
-        return
-    from harness.session import work_estimate
-
-    slots = [i for i, item in enumerate(items) if isinstance(item, ScenarioItem)]
-    dearest = sorted((items[i] for i in slots), key=lambda item: -work_estimate(item.point.scenario))
-    for i, item in zip(slots, dearest):
-        items[i] = item
-
-
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     if file_path.suffix in (".yaml", ".yml") and SCENARIO_DIR in file_path.parent.parts:
         return ScenarioFile.from_parent(parent, path=file_path)

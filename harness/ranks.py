@@ -12,14 +12,18 @@ Design, and why:
   seconds per rank; an item of two ranks paid it twice. By default a run's ranks are *workers*
   of a pool kept by the harness process (one pool per pytest process or xdist worker): each
   worker is forked once from a ``multiprocessing`` *forkserver* that has imported torch and
-  :mod:`harness.warm_start`, then runs one job after another. A job is a whole rank: its own
+  the rank job's modules (:mod:`harness.rank_preload`), then runs one job after another. The
+  server is itself a fork of the harness process where that is safe (torch imported with one
+  intra-op thread, no process group, the stdlib's server protocol as known: see
+  :func:`_fork_warm_server`), so it costs a fork, not a second interpreter importing torch;
+  elsewhere it is spawned, with :mod:`harness.warm_start` as its preload. A job is a whole rank: its own
   log, its own fresh process group (FileStore in the run's fresh temp dir), ``fn``, and the
   group destroyed again. Reuse is what makes a rank cheap: a forked process pays the fork, a
   copy of every page of the server's heap it touches and its exit, and starts with cold caches
   (shape inference, torch's dispatch, Python's own); measured on 30 cross-product jobs, a reused
   worker spends 31% less CPU in the job itself. The server never runs torch code, so forking it
   is safe (forking a process whose thread pools are running could deadlock the child). If the
-  server dies, the next start brings up a new one.
+  server dies, the next start brings up a new one (spawned).
 * **Crash isolation as with fresh processes.** Only a run in which every rank reported a result
   gives its workers back to the pool. A rank that raises exits after reporting (a half-used
   process group may block in its destructor), one that crashes is gone, and every worker of a

@@ -319,20 +319,6 @@ def world_size(scenario: Scenario) -> int:
     return registry.world_size(scenario_features(scenario))
 
 
-def work_estimate(scenario: Scenario) -> int:
-    """A rough relative cost of running ``scenario``, for ordering work dearest first.
-
-    Each rank runs every layer once per forward pass, and the passes are a capture (plus its
-    warm-up) per capture size and a step per scheduler step: ranks x layers x (capture sizes +
-    steps). A point whose features cannot be resolved counts as one rank (it fails fast)."""
-    try:
-        ranks = world_size(scenario)
-    except ValueError:
-        ranks = 1
-    sizes = len(scenario.graph.capture_sizes or ()) or 1
-    return ranks * scenario.model.layers * (sizes + scenario.steps)
-
-
 def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK,
              rows: list[dict[str, Any]] | None = None) -> tuple[RunRecord, dict[str, CheckResult]]:
     """One rank's whole job: build, run the pipeline, check (``rows``: the dispatch table, taken
