@@ -72,7 +72,8 @@ def pytest_configure(config: pytest.Config) -> None:
     selected_modes(config)  # a bad --mode is a usage error before collection
     # One bad scenario file is a collection error for that file only; the rest still runs.
     config.option.continue_on_collection_errors = True
-    if _runs_items(config):
+    runs_items = _runs_items(config)
+    if runs_items:
         import torch
 
         # One intra-op thread, with or without -n: the harness's ops are tiny, and on a loaded
@@ -85,7 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("html"):
         from harness.report.html_hooks import HtmlReport
 
-        config.pluginmanager.register(HtmlReport(config.stash[_results_key], preload_charts=not _runs_items(config)),
+        config.pluginmanager.register(HtmlReport(config.stash[_results_key], preload_charts=not runs_items),
                                       "graph-harness-html")
     _describe_environment(config)
 

@@ -16,9 +16,9 @@ Design, and why:
   server is itself a fork of the harness process where that is safe (torch imported with one
   intra-op thread, no process group, the stdlib's server protocol as known: see
   :func:`_fork_warm_server`), so it costs a fork, not a second interpreter importing torch;
-  elsewhere it is spawned, with :mod:`harness.warm_start` as its preload. A job is a whole rank: its own
-  log, its own fresh process group (FileStore in the run's fresh temp dir), ``fn``, and the
-  group destroyed again. Reuse is what makes a rank cheap: a forked process pays the fork, a
+  elsewhere it is spawned, with :mod:`harness.warm_start` as its preload. A job is a whole
+  rank: its own log, its own fresh process group (FileStore in the run's fresh temp dir),
+  ``fn``, and the group destroyed again. Reuse is what makes a rank cheap: a forked process pays the fork, a
   copy of every page of the server's heap it touches and its exit, and starts with cold caches
   (shape inference, torch's dispatch, Python's own); measured on 30 cross-product jobs, a reused
   worker spends 31% less CPU in the job itself. The server never runs torch code, so forking it
