@@ -83,7 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
     config.stash[_results_key] = []
     config.pluginmanager.register(ResultsCollector(config), "graph-harness-results")
-    if config.pluginmanager.hasplugin("html"):
+    if config.pluginmanager.hasplugin("html") and not hasattr(config, "workerinput"):  # where the page is written
         from harness.report.html_hooks import HtmlReport
 
         config.pluginmanager.register(HtmlReport(config.stash[_results_key], preload_charts=not runs_items),
@@ -121,6 +121,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     with the process, where a pytester run's ends inside a longer-lived one."""
     if hasattr(config, "workerinput"):
         gc.freeze()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if hasattr(config, "workerinput"):  # every xdist worker orders alike, as xdist requires
+        pytest_matrix.slow_first(items)
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -222,10 +227,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     if call.when != "call" or not isinstance(item, ScenarioItem) or item.record is None:
         return
     attach_record(report, item.record)  # travels to the xdist controller with the report
-    if item.config.pluginmanager.hasplugin("html"):
-        from harness.report.html_hooks import attach_fragment
-
-        attach_fragment(report, item.record)
 
 
 class ResultsCollector:

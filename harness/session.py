@@ -35,7 +35,7 @@ from harness.graph.scheduler import RequestPlan
 from harness.graph.stream_budget import stream_budget
 from harness.graph.shape import SINGLE_RANK, RankContext
 from harness.model import DecoderLM, ModelConfig
-from harness.model.parallel import ParallelContext, tp_split_problem
+from harness.model.parallel import ParallelContext, tp_split_problem, use_collective_ops
 from harness.ranks import run_ranks
 from harness.ops import set_native_impl, set_native_paged_attention
 from harness.scenario import Scenario, ScenarioPoint, locate
@@ -344,6 +344,7 @@ def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK,
             run_pipeline(spec, engine, record, ctx, rank_model=_rank_model(ctx), reference=reference)
     finally:
         engine.reset_device()
+        use_collective_ops(None)  # the process's default again, whoever runs in it next
     tolerance = (scenario.tolerance.atol, scenario.tolerance.rtol) if scenario.tolerance else None
     checks = run_checks(record, contract=scenario.fia_contract, dtype=scenario.model.dtype,
                         bitwise_replay=engine.capabilities.bitwise_replay, tolerance=tolerance)
@@ -380,10 +381,12 @@ def dispatch_rows(scenario: Scenario) -> list[dict[str, Any]]:
 
 def install_native_ops(engine: Any) -> None:
     """Route harness.ops to the engine's own kernels (torch_npu's FIA and paged attention, host
-    checks included), or back to the CPU reference where the engine has none."""
+    checks included), or back to the CPU reference where the engine has none; and the ranks'
+    collectives to the engine's own (the emulator's shared memory), or to ``_c10d_functional``."""
     caps = engine.capabilities
     set_native_impl(*(caps.native_attention() if caps.native_attention else (None, None, None)))
     set_native_paged_attention(*(caps.native_paged_attention() if caps.native_paged_attention else (None, None)))
+    use_collective_ops(caps.collective_ops() if caps.collective_ops else None)
 
 
 def device_rules(stack: StackProfile) -> DeviceRules:

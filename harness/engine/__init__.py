@@ -32,6 +32,10 @@ from .protocol import Capabilities, DeviceRules, Engine, StreamConfig
 BACKENDS = ("emulated", "npu", "cuda", "auto")
 EMULATED_DEVICE_NAME = "emulated NPU on CPU"
 
+RUN_DIR_ENV = "GRAPH_HARNESS_RUN_DIR"
+"""Set by whoever starts a run's ranks (:mod:`harness.ranks`) to a directory private to the run
+and shared by its ranks: the emulator's shared-memory collectives keep their files there."""
+
 
 def npu_available() -> bool:
     """True when torch_npu is installed and sees a device (never imports it otherwise)."""

@@ -63,6 +63,9 @@ class Capabilities:
     reports_executed_arguments: bool  # executed_host_arguments(graph, op, names) reads a graph
     native_attention: Callable[[], tuple[Any, Any, Any]] | None = None  # the device's own FIA
     native_paged_attention: Callable[[], tuple[Any, Any]] | None = None  # its paged attention + workspace
+    # The op family a rank's collectives go through (the names of ``_c10d_functional``'s ops);
+    # None: ``torch.ops._c10d_functional`` on the process group's own backend.
+    collective_ops: Callable[[], Any] | None = None
 
 
 @runtime_checkable

@@ -67,10 +67,9 @@ class DataParallel(RankAxisFeature):
         if ctx.dp_group is None or not self.fix_on:
             return shape
         import torch
-        import torch.distributed as dist
 
         mine = torch.tensor([shape.num_tokens, -int(shape.uniform_decode), int(shape.has_work)], dtype=torch.int64)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=ctx.dp_group)
+        _all_reduce_max(mine, ctx)
         tokens, neg_uniform, work = mine.tolist()
         return StepShape(tokens, bool(-neg_uniform), bool(work))
 
@@ -78,10 +77,9 @@ class DataParallel(RankAxisFeature):
         if ctx.dp_group is None or not self.fix_on:
             return flag
         import torch
-        import torch.distributed as dist
 
         mine = torch.tensor([int(flag)], dtype=torch.int64)
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=ctx.dp_group)
+        _all_reduce_max(mine, ctx)
         return bool(mine.item())
 
     def before_forward(self, shape: RunShape, ctx: RankContext, step: int) -> None:
@@ -97,15 +95,24 @@ def check_agreement(shape: RunShape, ctx: RankContext, step: int) -> None:
     if ctx.dp_group is None:
         return
     import torch
-    import torch.distributed as dist
 
     from harness.graph.modes import CUDAGraphMode
+    from harness.model.parallel import collective_ops
 
     mine = torch.tensor([shape.num_tokens, shape.runtime_mode.value], dtype=torch.int64)
-    shapes = [torch.zeros_like(mine) for _ in range(ctx.dp)]
-    dist.all_gather(shapes, mine, group=ctx.dp_group)
-    seen = [(int(s[0]), CUDAGraphMode(int(s[1]))) for s in shapes]
+    shapes = torch.empty((ctx.dp, 2), dtype=torch.int64)
+    ops = collective_ops()
+    ops.wait_tensor(ops.all_gather_into_tensor_out(mine.view(1, 2), ctx.dp, ctx.dp_group.group_name, out=shapes))
+    seen = [(tokens, CUDAGraphMode(mode)) for tokens, mode in shapes.tolist()]
     if len(set(seen)) > 1:
         listing = ", ".join(f"dp rank {r}: {t} tokens {m}" for r, (t, m) in enumerate(seen))
         raise DPDisagreement(f"step {step}: DP ranks disagree ({listing}); on hardware they hang in "
                              "the forward's collectives")
+
+
+def _all_reduce_max(values: Any, ctx: RankContext) -> None:
+    """Element-wise max of ``values`` (a host int64 tensor) over the DP group, in place."""
+    from harness.model.parallel import collective_ops
+
+    ops = collective_ops()
+    ops.wait_tensor(ops.all_reduce_(values, "max", ctx.dp_group.group_name))

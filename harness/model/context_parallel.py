@@ -45,6 +45,7 @@ from torch import Tensor
 
 from harness.model.config import ModelConfig
 from harness.model.decoder import Attend, attention_scale
+from harness.model.parallel import collective_ops
 
 __all__ = [
     "CPRankMetadata",
@@ -356,13 +357,14 @@ def cp_combine(out: Tensor, lse: Tensor, cp: int, group: Any, *, gather: str = "
     t, n, d = out.shape
     packed = torch.cat([out.float(), lse.float()], dim=-1)  # [T, N, D+1]: one collective
     group_name = funcol._resolve_group_name(group)
+    ops = collective_ops()
     if gather == "out":  # into a buffer we own: the recorded wait is on that buffer
         gathered = packed.new_empty((cp * t, n, d + 1))
-        torch.ops._c10d_functional.all_gather_into_tensor_out(packed, cp, group_name, out=gathered)
+        ops.all_gather_into_tensor_out(packed, cp, group_name, out=gathered)
     else:
         # The ops all_gather_tensor(packed, 0, group) issues, without its AsyncCollectiveTensor
         # wrapper, whose eager path imports torch._dynamo (seconds per fresh rank).
-        gathered = torch.ops._c10d_functional.all_gather_into_tensor(packed, cp, group_name)  # [cp*T, N, D+1]
-    gathered = torch.ops._c10d_functional.wait_tensor(gathered).view(cp, t, n, d + 1)
+        gathered = ops.all_gather_into_tensor(packed, cp, group_name)  # [cp*T, N, D+1]
+    gathered = ops.wait_tensor(gathered).view(cp, t, n, d + 1)
     merged, _ = merge_attention_states(gathered[..., :d], gathered[..., d:])
     return merged.to(out.dtype)

@@ -38,6 +38,11 @@ it the C++ composite kernel would run for meta tensors and try to resolve the gr
 recorder's shape inference never falls back to running a collective for real. A capture of a
 TP/SP forward therefore communicates nothing: it even succeeds with a group name that no
 process group is registered under (tests/model/test_model_parallel.py).
+
+Which op family carries them is the engine's to say (:func:`use_collective_ops`): by default
+``torch.ops._c10d_functional`` on the process group's backend; on the emulator the
+``harness_comm`` ops of the same names, which exchange through shared memory and are done when
+they return (their ``wait_tensor`` is the identity).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ __all__ = [
     "all_gather_rows",
     "all_reduce_",
     "check_parallel_config",
+    "collective_ops",
     "column_shard",
     "local_rows",
     "make_kv_cache",
@@ -65,9 +71,22 @@ __all__ = [
     "row_shard",
     "shard_state_dict",
     "tp_split_problem",
+    "use_collective_ops",
 ]
 
-_c10d = torch.ops._c10d_functional
+_C10D = torch.ops._c10d_functional
+_collective_ops: list[Any] = [_C10D]
+
+
+def collective_ops() -> Any:
+    """The op family this process issues its collectives through (see the module docstring)."""
+    return _collective_ops[0]
+
+
+def use_collective_ops(ops: Any | None) -> None:
+    """Issue collectives through ``ops`` (an engine's ``Capabilities.collective_ops()``: an object
+    with ``_c10d_functional``'s op names), or through ``_c10d_functional`` itself when None."""
+    _collective_ops[0] = _C10D if ops is None else ops
 
 
 @dataclass(frozen=True)
@@ -238,8 +257,9 @@ def all_reduce_(x: Tensor, ctx: ParallelContext) -> Tensor:
     if not ctx.enabled:
         return x
     x = x.contiguous()
-    _c10d.all_reduce_(x, "sum", ctx.group_name)
-    return _c10d.wait_tensor(x)
+    ops = collective_ops()
+    ops.all_reduce_(x, "sum", ctx.group_name)
+    return ops.wait_tensor(x)
 
 
 def all_gather_rows(x: Tensor, ctx: ParallelContext) -> Tensor:
@@ -251,8 +271,9 @@ def all_gather_rows(x: Tensor, ctx: ParallelContext) -> Tensor:
         return x
     x = x.contiguous()
     out = torch.empty((ctx.tp * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-    _c10d.all_gather_into_tensor_out(x, ctx.tp, ctx.group_name, out=out)
-    return _c10d.wait_tensor(out)
+    ops = collective_ops()
+    ops.all_gather_into_tensor_out(x, ctx.tp, ctx.group_name, out=out)
+    return ops.wait_tensor(out)
 
 
 def reduce_scatter_rows(x: Tensor, ctx: ParallelContext) -> Tensor:
@@ -266,8 +287,9 @@ def reduce_scatter_rows(x: Tensor, ctx: ParallelContext) -> Tensor:
         raise ValueError(f"reduce_scatter_rows: {x.shape[0]} rows not divisible by tp={ctx.tp}")
     x = x.contiguous()
     out = torch.empty((x.shape[0] // ctx.tp, *x.shape[1:]), dtype=x.dtype, device=x.device)
-    _c10d.reduce_scatter_tensor_out(x, "sum", ctx.tp, ctx.group_name, out=out)
-    return _c10d.wait_tensor(out)
+    ops = collective_ops()
+    ops.reduce_scatter_tensor_out(x, "sum", ctx.tp, ctx.group_name, out=out)
+    return ops.wait_tensor(out)
 
 
 # ------------------------------------------------------------------------------- KV cache

@@ -1,8 +1,10 @@
 """pytest-html glue: the added table columns, the page summary, and each item's fragment.
 
 Registered by :mod:`harness.pytest_plugin` only when pytest-html is installed. The fragment of
-an item is rendered where the item ran (an xdist worker renders its own, in parallel) and
-travels with the test report as an attribute; pytest-html's own per-item data gets none of
+an item is rendered from its record by the process that writes the page, as the item's report
+arrives (an xdist controller, which otherwise only waits for its workers, and which imports
+matplotlib for the page's charts anyway: a worker that drew a known-bad item's charts paid that
+import too, a third of a second each); pytest-html's own per-item data gets none of
 it, only the fragment's key on the row's Mode cell, and the page carries every fragment once,
 in one compressed store that the page's script opens when a row is opened
 (:func:`harness.report.html.render_fragments`). That keeps pytest-html's table, which it
@@ -24,12 +26,12 @@ from harness.report.record import report_record
 
 __all__ = ["HtmlReport", "FRAGMENT_KEY", "attach_fragment"]
 
-#: The test-report attribute that carries an item's rendered fragment from its worker.
+#: The test-report attribute that holds an item's rendered fragment, once rendered.
 FRAGMENT_KEY = "graph_harness_html"
 
 
 def attach_fragment(report: pytest.TestReport, record: dict[str, Any]) -> None:
-    """Render the item's fragment; it travels on the report to the process writing the page."""
+    """Render the item's fragment onto its report (read back by the row and page hooks)."""
     key = item_key(report.nodeid)
     try:
         fragment = render_item(record, salt=key)
@@ -60,7 +62,12 @@ class HtmlReport:
 
             threading.Thread(target=charts.preload, name="graph-harness-charts", daemon=True).start()
 
+    @pytest.hookimpl(tryfirst=True)  # before pytest-html's, which builds the row from the report
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" and not hasattr(report, FRAGMENT_KEY):
+            record = report_record(report)
+            if record is not None:
+                attach_fragment(report, record)
         fragment = getattr(report, FRAGMENT_KEY, None)
         if report.when == "call" and isinstance(fragment, str):
             self.fragments[item_key(report.nodeid)] = fragment

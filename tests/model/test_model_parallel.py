@@ -125,10 +125,22 @@ def test_kv_cache_and_eager_attend_use_this_ranks_heads():
     assert (seen["num_heads"], seen["num_key_value_heads"]) == (2, 1)
 
 
+@pytest.fixture(params=["_c10d_functional", "harness_comm"])
+def collective_family(request):
+    """Each op family a rank's collectives may go through (the process's default is restored)."""
+    from harness.engine.emulated.collectives import OPS
+    from harness.model.parallel import use_collective_ops
+
+    use_collective_ops(None if request.param == "_c10d_functional" else OPS)
+    yield request.param
+    use_collective_ops(None)
+
+
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "sp"])
-def test_capture_records_collectives_without_communicating(sp):
+def test_capture_records_collectives_without_communicating(sp, collective_family):
     """The group name resolves to no process group: a capture that ran any collective (or a
-    collective's real kernel for shape inference) would raise."""
+    collective's real kernel for shape inference) would raise. The emulator's shared-memory
+    family is recorded the same way, less the waits (its ops are done when they return)."""
     from harness.engine import load
 
     npu = load("emulated")
@@ -142,10 +154,11 @@ def test_capture_records_collectives_without_communicating(sp):
     with npu.graph(g):
         model(b.input_ids, b.positions, b.slot_mapping, cache, attend)
     comm = [n for n in g.nodes if getattr(n, "func", None) is not None
-            and n.func.namespace == "_c10d_functional"]
+            and n.func.namespace == collective_family]
     kinds = {n.name: n.kind for n in comm}
     expected = ({"all_gather_into_tensor_out", "reduce_scatter_tensor_out"} if sp else {"all_reduce_"})
-    assert {k.split("::")[1] for k in kinds} == expected | {"wait_tensor"}
+    waits = {"wait_tensor"} if collective_family == "_c10d_functional" else set()
+    assert {k.split("::")[1] for k in kinds} == expected | waits
     assert all(kind == "mutating" for name, kind in kinds.items() if "wait_tensor" not in name)
     def group_name(node):
         names = [a.name for a in node.func._schema.arguments]

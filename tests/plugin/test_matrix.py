@@ -104,3 +104,16 @@ def pytest_runtest_logstart(nodeid, location):
     assert "INTERNALERROR" not in result.stdout.str()
     assert result.parseoutcomes() == {"passed": 1, "failed": 1}
     result.stdout.fnmatch_lines(["*Timeout*0.01*"])
+
+
+def test_an_xdist_worker_runs_the_slow_items_first(project):
+    """The slow kinds go first, every other item keeps its place: no long item is left to run
+    alone at the end of a distributed run."""
+    for name, extra in (("a_first", ""), ("b_second", ""), ("c_slow", "slow: true"), ("d_last", "")):
+        (project.path / "scenarios" / f"{name}.yaml").write_text(TINY.format(name=name, extra=extra + "\nsteps: 2"))
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-n", "1", "-v")
+    ran = [line.split("::")[1].split()[0] for line in result.outlines if "PASSED" in line and "::" in line]
+    assert ran == ["c_slow", "a_first", "b_second", "d_last"], result.outlines[-20:]
+    plain = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")  # no xdist: file order
+    assert [l.split("::")[1].split()[0] for l in plain.outlines if "::" in l] == [
+        "a_first", "b_second", "c_slow", "d_last"]

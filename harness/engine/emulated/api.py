@@ -16,7 +16,7 @@ from ..protocol import Capabilities, DeviceRules, StreamConfig
 from .device import EmulatedDevice
 from .graph import NPUGraph as _NPUGraph
 from .graph import TaskGroupHandle, TaskUpdateMode, bound_arguments, graph_context, task_group_begin, task_group_end
-from . import rng
+from . import collectives, rng
 from .pool import PoolHandle
 from .recorder import OpNode, register_updatable_op
 from .streams import ExternalEvent
@@ -24,9 +24,10 @@ from .streams import Stream as _Stream
 
 name = "emulated"
 device_type = "cpu"
-# The same CPU kernels on the same shapes: replay equals eager bit for bit.
+# The same CPU kernels on the same shapes: replay equals eager bit for bit. The ranks of a host
+# exchange through shared memory (.collectives), not gloo's loopback TCP.
 capabilities = Capabilities(task_updates=True, bitwise_replay=True, stream_pool=True,
-                            reports_executed_arguments=True)
+                            reports_executed_arguments=True, collective_ops=lambda: collectives.OPS)
 
 _device = EmulatedDevice()
 _updates: dict[int, TaskUpdateMode] = {}  # stream id -> update in progress

@@ -15,7 +15,8 @@ from .pool import PoolRegistry
 from .streams import Scheduler, Stream
 
 #: Namespaces whose ops are collectives: each communication group a graph uses needs streams.
-COMM_NAMESPACES = ("_c10d_functional", "c10d", "_c10d_functional_autograd")
+#: ``harness_comm``: the emulator's own shared-memory collectives (.collectives).
+COMM_NAMESPACES = ("_c10d_functional", "c10d", "_c10d_functional_autograd", "harness_comm")
 
 
 @dataclass
