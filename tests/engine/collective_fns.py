@@ -71,6 +71,12 @@ def mismatched(rank: int, world: int) -> None:
     OPS.all_gather_into_tensor_out(x, world, name, out=out)
 
 
+def mismatched_dtype(rank: int, world: int) -> None:
+    """The same byte count in another dtype: the sum would read one member's bits as the other's."""
+    name = dist.group.WORLD.group_name
+    OPS.all_reduce_(torch.ones(4, dtype=torch.int32 if rank == 1 else torch.float32), "sum", name)
+
+
 def dies_in_a_collective(rank: int, world: int) -> float:
     """Both ranks exchange once (so each knows the other's pid); then rank 1 dies and rank 0
     waits for it in the next collective. Returns how long rank 0 waited."""

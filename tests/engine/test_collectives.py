@@ -86,6 +86,14 @@ def test_members_that_disagree_fail_at_once_and_say_how() -> None:
     assert "all_gather of 32 bytes" in failure.message
 
 
+def test_members_that_disagree_on_the_dtype_fail_too() -> None:
+    outcome = run_ranks(collective_fns.mismatched_dtype, 2, timeout=60, grace=5)
+    failure = outcome.root_cause
+    assert failure is not None and failure.kind == "exception", outcome.report()
+    assert "all_reduce of 16 bytes of torch.float32" in failure.message
+    assert "all_reduce of 16 bytes of torch.int32" in failure.message
+
+
 def test_a_member_that_dies_in_a_collective_fails_its_peer_at_once() -> None:
     outcome = run_ranks(collective_fns.dies_in_a_collective, 2, timeout=60, grace=30)
     assert not outcome.ok

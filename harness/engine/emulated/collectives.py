@@ -1,10 +1,10 @@
 """The emulator's collectives: the rank processes of one host exchange tensors in shared memory.
 
-Why not gloo: over loopback TCP a gloo collective costs about a millisecond of CPU per rank
-(a worker thread, an event-loop thread, several syscalls and thread wake-ups per message),
-measured at 1.1 ms for a 4-rank all-gather of 768 bytes against 25 us here
-(``benchmarks/collectives.py``). The harness runs thousands of small collectives per scenario
-item, so gloo was a fifth of the CPU of the scenario suite. Ranks on one host share memory;
+Why not gloo: over loopback TCP a gloo collective costs a rank 0.2 ms of CPU with two ranks and
+1 to 3.7 ms with four to eight on two cores (a worker thread, an event-loop thread, several
+syscalls and thread wake-ups per message), against 30 to 60 us here
+(``benchmarks/collectives.py``). A scenario item runs hundreds of small collectives per rank,
+and gloo's threads were a quarter of the busy CPU of the pairwise cross product. Ranks on one host share memory;
 vLLM's CPU backend exchanges through shared memory for the same reason
 (``vllm/distributed/device_communicators/cpu_communicator.py``).
 
@@ -27,11 +27,12 @@ every member; its first member creates it):
 
 * a header: the members' pids (for noticing a member that died);
 * one POSIX semaphore per member, initialised process-shared;
-* two halves of ``size`` slots, each slot a small header (operation, byte count) and its data.
+* two halves of ``size`` slots, each slot a small header (operation, byte count, dtype) and its
+  data.
 
 One collective, on member ``r`` of ``n``: write the input into slot ``r`` of half ``g % 2``
 (``g`` counts the group's collectives), post every other member's semaphore once, take ``n - 1``
-posts from its own, check that every member issued the same operation and size, and compute the
+posts from its own, check that every member issued the same operation, size and dtype, and compute the
 result from all ``n`` slots in member order (bitwise the same result on every member). A member
 cannot start collective ``g + 2``, which rewrites half ``g % 2``, until every member has posted
 for ``g + 1``, i.e. finished reading ``g``; so two halves suffice and no second barrier is needed.
@@ -75,7 +76,7 @@ _MAGIC = 0x6768636F6D6D0002  # "ghcomm", layout version 2
 _HEADER_BYTES = 4096  # magic, member count, then the members' pids
 _PIDS_OFFSET = 16
 _SEM_BYTES = 64  # sem_t is 32 bytes on Linux (x86-64 and aarch64); one cache line each
-_SLOT_HEADER = struct.Struct("<qq")  # per member and half: operation code, byte count
+_SLOT_HEADER = struct.Struct("<qq16s")  # per member and half: operation code, byte count, dtype
 _OPERATIONS = ("all_gather", "reduce_scatter", "all_reduce")
 
 
@@ -146,11 +147,11 @@ class SharedMemoryGroup:
         """Put ``data`` (contiguous) in this member's slot, wait for every member's, and return
         all slots' payloads as ``[size, nbytes]`` uint8 rows in member order."""
         nbytes = data.numel() * data.element_size()
-        code = _OPERATIONS.index(operation)
+        mine = (_OPERATIONS.index(operation), nbytes, str(data.dtype).encode().ljust(16, b"\0")[:16])
         which = self._generation & 1
         self._generation += 1
         headers = self._slot_header_offset + which * self.size * _SLOT_HEADER.size
-        _SLOT_HEADER.pack_into(self._mm, headers + self.rank * _SLOT_HEADER.size, code, nbytes)
+        _SLOT_HEADER.pack_into(self._mm, headers + self.rank * _SLOT_HEADER.size, *mine)
         slots = self._slots[which]
         if nbytes:
             slots[self.rank, :nbytes].copy_(data.reshape(-1).view(torch.uint8))
@@ -160,12 +161,10 @@ class SharedMemoryGroup:
         self._take(self.size - 1, operation)
         for r in range(self.size):
             theirs = _SLOT_HEADER.unpack_from(self._mm, headers + r * _SLOT_HEADER.size)
-            if theirs != (code, nbytes):
-                named = _OPERATIONS[theirs[0]] if 0 <= theirs[0] < len(_OPERATIONS) else "?"
+            if theirs != mine:
                 raise CollectiveError(
-                    f"communication group {self.name}: member {self.rank} issued {operation} of {nbytes} bytes, "
-                    f"member {r} {named} of {theirs[1]} bytes (collective #{self._generation - 1}); "
-                    "on a device the ranks would hang")
+                    f"communication group {self.name}: member {self.rank} issued {_describe(mine)}, member {r} "
+                    f"{_describe(theirs)} (collective #{self._generation - 1}); on a device the ranks would hang")
         return slots[:, :nbytes]
 
     def _take(self, count: int, operation: str) -> None:
@@ -194,6 +193,12 @@ class SharedMemoryGroup:
 
     def _dead_members(self) -> list[int]:
         return [r for r in range(self.size) if r != self.rank and self._pid(r) and not _pid_alive(self._pid(r))]
+
+
+def _describe(header: tuple[int, int, bytes]) -> str:
+    code, nbytes, dtype = header
+    operation = _OPERATIONS[code] if 0 <= code < len(_OPERATIONS) else "?"
+    return f"{operation} of {nbytes} bytes of {dtype.rstrip(bytes(1)).decode(errors='replace')}"
 
 
 def _page_aligned(offset: int) -> int:
@@ -292,10 +297,15 @@ def close_groups() -> None:
 _c10d = torch.ops._c10d_functional
 
 
-def _reduce(rows: Tensor, dtype: torch.dtype, reduce_op: str, out: Tensor) -> None:
-    """Reduce the members' rows (uint8 ``[size, nbytes]``) as ``dtype`` into ``out`` (contiguous):
+def _reduce(rows: Tensor, reduce_op: str, out: Tensor) -> None:
+    """Reduce the members' rows (uint8 ``[size, nbytes]``, read as ``out``'s dtype) into ``out``:
     one kernel over all members, so every member computes the same bits."""
-    values, flat = rows.view(dtype), out.view(-1)
+    if not out.is_contiguous():
+        result = torch.empty_like(out, memory_format=torch.contiguous_format)
+        _reduce(rows, reduce_op, result)
+        out.copy_(result)
+        return
+    values, flat = rows.view(out.dtype), out.view(-1)
     op = reduce_op.lower()
     if op == "sum":
         torch.sum(values, dim=0, out=flat)
@@ -345,13 +355,11 @@ def _reduce_scatter_out(input: Tensor, reduce_op: str, group_size: int, group_na
     if data.shape[0] % group_size or out.numel() * group_size != data.numel():
         raise ValueError(f"reduce_scatter_tensor_out: {tuple(data.shape)} does not split into {group_size} "
                          f"parts of {tuple(out.shape)}")
+    if out.dtype != data.dtype:
+        raise ValueError(f"reduce_scatter_tensor_out: out is {out.dtype}, the input {data.dtype}")
     rows = group.exchange("reduce_scatter", data)
     chunk = rows.shape[1] // group_size
-    mine = rows[:, group.rank * chunk:(group.rank + 1) * chunk]
-    result = out if out.is_contiguous() else torch.empty_like(out, memory_format=torch.contiguous_format)
-    _reduce(mine, data.dtype, reduce_op, result)
-    if result is not out:
-        out.copy_(result)
+    _reduce(rows[:, group.rank * chunk:(group.rank + 1) * chunk], reduce_op, out)
     return out
 
 
@@ -360,10 +368,7 @@ def _all_reduce_(input: Tensor, reduce_op: str, group_name: str) -> Tensor:
     group = _group(group_name, data.numel() * data.element_size())
     if group is None:
         return _c10d.wait_tensor(_c10d.all_reduce_(input, reduce_op, group_name))
-    rows = group.exchange("all_reduce", data)
-    result = torch.empty_like(data)
-    _reduce(rows, data.dtype, reduce_op, result)  # not into input: other members' rows are read
-    input.copy_(result)
+    _reduce(group.exchange("all_reduce", data), reduce_op, input)  # the rows are copies: input may take it
     return input
 
 
@@ -403,7 +408,6 @@ _ops = getattr(torch.ops, NAMESPACE)
 
 #: The emulator's collective ops, by the names of their ``_c10d_functional`` namesakes.
 OPS = SimpleNamespace(
-    namespace=NAMESPACE,
     all_gather_into_tensor_out=_ops.all_gather_into_tensor_out,
     all_gather_into_tensor=_ops.all_gather_into_tensor,
     reduce_scatter_tensor_out=_ops.reduce_scatter_tensor_out,
