@@ -147,6 +147,7 @@ class _Job:
     backend: str
     env: dict[str, str]
     group_timeout_s: float
+    sys_path: tuple[str, ...] = ()  # the caller's, where fn's module and plugins are found
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ def run_ranks(
     group_timeout_s = timeout + grace + 60.0
     workdir = tempfile.mkdtemp(prefix="graph-harness-ranks-", dir=_run_dir_root())
     job_env = {**GLOO_ENV, **(env or {}), RUN_DIR_ENV: workdir}
-    jobs = [_Job(payload, rank, world_size, workdir, backend, job_env, group_timeout_s)
+    jobs = [_Job(payload, rank, world_size, workdir, backend, job_env, group_timeout_s, tuple(sys.path))
             for rank in range(world_size)]
     procs: list[BaseProcess] = []
     workers: list[_Worker] = []
@@ -805,9 +806,15 @@ def _worker_main(conn: multiprocessing.connection.Connection, parent_pid: int) -
             os._exit(0)
         saved = {name: os.environ.get(name) for name in job.env}
         os.environ.update(job.env)
+        # The caller's import path, as a spawned rank gets it: a worker forked before the caller
+        # added a path (a feature plugin installed since) would not find what a job names.
+        saved_path = sys.path[:]
+        if job.sys_path:
+            sys.path[:] = job.sys_path
         ok = _run_job(job)
         if not ok:
             os._exit(1)
+        sys.path[:] = saved_path
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+# Once per process, before any pytester run: its in-process runs restore sys.modules after each
+# run, and a module that defines torch.library ops (the emulator's collectives) cannot be
+# imported a second time.
+import harness.engine.emulated  # noqa: F401
 from harness.engine import load
 
 

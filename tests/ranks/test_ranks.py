@@ -207,6 +207,25 @@ def test_a_dead_warm_server_is_replaced(workdirs: list[str]) -> None:
     _assert_clean(out, workdirs)
 
 
+def test_a_job_imports_from_the_callers_path_of_the_moment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         workdirs: list[str]) -> None:
+    """Workers forked before the caller added a path (a plugin installed since) still find what
+    a job names there, and put their own path back after it."""
+    assert run_ranks(rank_fns.parent_pid, 2, timeout=60).ok  # the workers exist before the path
+    (tmp_path / "late_plugin_fns.py").write_text("import sys\n\ndef where(rank, world):\n    return __file__, len(sys.path)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import late_plugin_fns
+
+    out = run_ranks(late_plugin_fns.where, 2, timeout=60)
+    assert out.ok, out.report()
+    assert all(r[0] == str(tmp_path / "late_plugin_fns.py") for r in out.results)
+    monkeypatch.undo()
+    sys.modules.pop("late_plugin_fns", None)
+    after = run_ranks(rank_fns.parent_pid, 2, timeout=60)
+    assert after.ok and after.pids == out.pids  # the same workers, their own path back
+    _assert_clean(after, workdirs)
+
+
 def test_world_size_is_capped() -> None:
     with pytest.raises(ValueError, match="MAX_WORLD_SIZE"):
         run_ranks(rank_fns.parent_pid, ranks.MAX_WORLD_SIZE + 1, timeout=5)
