@@ -64,13 +64,10 @@ class HtmlReport:
 
     @pytest.hookimpl(tryfirst=True)  # before pytest-html's, which builds the row from the report
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when == "call" and not hasattr(report, FRAGMENT_KEY):
-            record = report_record(report)
-            if record is not None:
-                attach_fragment(report, record)
-        fragment = getattr(report, FRAGMENT_KEY, None)
-        if report.when == "call" and isinstance(fragment, str):
-            self.fragments[item_key(report.nodeid)] = fragment
+        record = report_record(report) if report.when == "call" else None
+        if record is not None:
+            attach_fragment(report, record)
+            self.fragments[item_key(report.nodeid)] = getattr(report, FRAGMENT_KEY)
         extras = getattr(report, "extras", None) or []
         self.media = self.media or any(isinstance(e, dict) and e.get("format_type") in ("image", "video")
                                        for e in extras)

@@ -273,7 +273,7 @@ def _group(group_name: str, nbytes: int) -> SharedMemoryGroup | None:
     if run_dir != _groups_run[0]:  # a new run in a reused worker: its groups are new
         close_groups()
         _groups_run[0] = run_dir
-    if nbytes > SLOT_BYTES or not available():
+    if nbytes > SLOT_BYTES or _libc is None or not run_dir:  # see available()
         return None
     group = _groups.get(group_name)
     if group is None:
@@ -342,8 +342,7 @@ def _all_gather_out(input: Tensor, group_size: int, group_name: str, *, out: Ten
 
 
 def _all_gather(input: Tensor, group_size: int, group_name: str) -> Tensor:
-    out = input.new_empty((group_size * input.shape[0], *input.shape[1:]))
-    return _all_gather_out(input, group_size, group_name, out=out)
+    return _all_gather_out(input, group_size, group_name, out=_gathered_empty(input, group_size, group_name))
 
 
 def _reduce_scatter_out(input: Tensor, reduce_op: str, group_size: int, group_name: str, *, out: Tensor) -> Tensor:
@@ -372,7 +371,8 @@ def _all_reduce_(input: Tensor, reduce_op: str, group_name: str) -> Tensor:
     return input
 
 
-def _all_gather_meta(input: Tensor, group_size: int, group_name: str) -> Tensor:
+def _gathered_empty(input: Tensor, group_size: int, group_name: str) -> Tensor:
+    """The output of an all-gather of ``input`` (uninitialised), on ``input``'s device: meta or CPU."""
     return input.new_empty((group_size * input.shape[0], *input.shape[1:]))
 
 
@@ -392,7 +392,7 @@ _lib.define("reduce_scatter_tensor_out(Tensor input, str reduce_op, int group_si
 _lib.define("all_reduce_(Tensor(a!) input, str reduce_op, str group_name) -> Tensor(a!)")
 for _name, _kernel, _meta in (
     ("all_gather_into_tensor_out", _all_gather_out, _out_meta),
-    ("all_gather_into_tensor", _all_gather, _all_gather_meta),
+    ("all_gather_into_tensor", _all_gather, _gathered_empty),
     ("reduce_scatter_tensor_out", _reduce_scatter_out, _out_meta),
     ("all_reduce_", _all_reduce_, _all_reduce_meta),
 ):
