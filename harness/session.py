@@ -403,7 +403,7 @@ def _rank_model(ctx: RankContext):
 
     def shard(reference: DecoderLM) -> DecoderLM:
         parallel = ParallelContext(ctx.tp, ctx.tp_rank, ctx.tp_group, sequence_parallel=True)
-        return DecoderLM(reference.config, parallel)
+        return DecoderLM(reference.config, parallel).to(reference.device)
 
     return shard
 

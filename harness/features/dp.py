@@ -68,7 +68,8 @@ class DataParallel(RankAxisFeature):
             return shape
         import torch
 
-        mine = torch.tensor([shape.num_tokens, -int(shape.uniform_decode), int(shape.has_work)], dtype=torch.int64)
+        mine = torch.tensor([shape.num_tokens, -int(shape.uniform_decode), int(shape.has_work)], dtype=torch.int64,
+                            device=ctx.device)
         _all_reduce_max(mine, ctx)
         tokens, neg_uniform, work = mine.tolist()
         return StepShape(tokens, bool(-neg_uniform), bool(work))
@@ -78,7 +79,7 @@ class DataParallel(RankAxisFeature):
             return flag
         import torch
 
-        mine = torch.tensor([int(flag)], dtype=torch.int64)
+        mine = torch.tensor([int(flag)], dtype=torch.int64, device=ctx.device)
         _all_reduce_max(mine, ctx)
         return bool(mine.item())
 
@@ -99,8 +100,8 @@ def check_agreement(shape: RunShape, ctx: RankContext, step: int) -> None:
     from harness.graph.modes import CUDAGraphMode
     from harness.model.parallel import collective_ops
 
-    mine = torch.tensor([shape.num_tokens, shape.runtime_mode.value], dtype=torch.int64)
-    shapes = torch.empty((ctx.dp, 2), dtype=torch.int64)
+    mine = torch.tensor([shape.num_tokens, shape.runtime_mode.value], dtype=torch.int64, device=ctx.device)
+    shapes = torch.empty((ctx.dp, 2), dtype=torch.int64, device=ctx.device)
     ops = collective_ops()
     ops.wait_tensor(ops.all_gather_into_tensor_out(mine.view(1, 2), ctx.dp, ctx.dp_group.group_name, out=shapes))
     seen = [(tokens, CUDAGraphMode(mode)) for tokens, mode in shapes.tolist()]
@@ -111,7 +112,7 @@ def check_agreement(shape: RunShape, ctx: RankContext, step: int) -> None:
 
 
 def _all_reduce_max(values: Any, ctx: RankContext) -> None:
-    """Element-wise max of ``values`` (a host int64 tensor) over the DP group, in place."""
+    """Element-wise max of ``values`` (an int64 tensor on the rank's device) over the DP group, in place."""
     from harness.model.parallel import collective_ops
 
     ops = collective_ops()

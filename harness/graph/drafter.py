@@ -29,7 +29,7 @@ def draft_model(target: DecoderLM, num_layers: int = 1) -> DecoderLM:
     config = replace(target.config, num_layers=min(num_layers, target.config.num_layers))
     kept = {k: v for k, v in target.state_dict().items()
             if not k.startswith("layers.") or int(k.split(".")[1]) < config.num_layers}
-    return DecoderLM(config, state=kept)
+    return DecoderLM(config, state=kept).to(target.device)
 
 
 class Drafter:
@@ -45,7 +45,7 @@ class Drafter:
         """``model``: the draft model (:func:`draft_model`), shared with other paths' drafters."""
         config = model.config
         self.model = model
-        self.kv_cache = PagedKVCache(config)
+        self.kv_cache = PagedKVCache(config, device=model.device)
         self.k = num_speculative_tokens
         self.seen: dict[str, int] = {}
         self.max_blocks = -(-config.max_model_len // config.block_size)
@@ -70,8 +70,9 @@ class Drafter:
             with fia_call_tags(draft_round=round_ + 1):
                 logits = runner.execute(StepInputs(meta, ids))
             ends = meta.query_start_loc[1 : len(batch) + 1]
+            tokens_out = logits.argmax(dim=-1).tolist()  # one host read per round
             for r, end in zip(decoding, ends):
-                drafts[r.req_id].append(int(logits[end - 1].argmax()))
+                drafts[r.req_id].append(int(tokens_out[end - 1]))
             for r, b in zip(decoding, batch):
                 self.seen[r.req_id] = b.seq_len
         return drafts

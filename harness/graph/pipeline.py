@@ -103,7 +103,8 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
     ``reference=False``: skip the reference path and the plain greedy decode, which a peer
     with the same requests computes (``harness.features.layout.runs_reference``)."""
     register_updatable_ops(engine)
-    reference_model = build_model(spec.model)
+    ctx = replace(ctx, device=engine.device)  # every tensor of the run lives on the engine's device
+    reference_model = build_model(spec.model, engine.device)
     model = rank_model(reference_model) if rank_model else reference_model
     draft = draft_model(reference_model, spec.drafter_layers) if spec.num_speculative_tokens else None
     paths = {name: _new_path(name, spec, reference_model if name == "reference" else model, draft)
@@ -186,7 +187,8 @@ def _new_path(name: str, spec: PipelineSpec, model: DecoderLM, draft: DecoderLM 
     tokens = prompt_tokens(list(lengths), list(lengths.values()), m.vocab_size, w.prompt_seed)
     # The drafter is a small single-rank model on every rank, cut from the full target.
     drafter = Drafter(draft, spec.num_speculative_tokens) if draft is not None else None
-    return Path(name, batcher, model, make_kv_cache(model.config, model.parallel), tokens, lengths, drafter)
+    return Path(name, batcher, model, make_kv_cache(model.config, model.parallel, model.device), tokens, lengths,
+                drafter)
 
 
 class Stepper:
@@ -280,7 +282,7 @@ class Stepper:
             path.batcher.commit(None, {}, {})
             return
         assert step is not None
-        rec.logits[name] = logits
+        rec.logits[name] = logits = logits.cpu()  # the record's evidence lives on the host
         advanced, generated, sampled = accept(step, plan.meta, logits, path.tokens, drafts, path.batcher)
         rec.sampled[name] = sampled
         if drafts:
@@ -318,8 +320,9 @@ def accept(step: Step, meta: AttentionMetadata, logits: torch.Tensor, tokens: di
     generated: dict[str, int] = {}
     firsts: list[int] = []
     starts = meta.query_start_loc
+    greedy = logits.argmax(dim=-1).tolist()  # one host read of the step's tokens
     for i, req in enumerate(step.requests):
-        rows = logits[starts[i] : starts[i + 1]].argmax(dim=-1).tolist()
+        rows = greedy[starts[i] : starts[i + 1]]
         proposal = drafts.get(req.req_id, [])
         known = tokens[req.req_id]
         if proposal:  # verify: rows[j] is the target's token after input j

@@ -22,6 +22,7 @@ off and show that the harness catches the bug it prevents.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -113,8 +114,15 @@ class StepInputs:
     input_ids: list[int]
 
 
-def _block_table(meta: AttentionMetadata) -> Tensor:
-    return torch.tensor(meta.block_table, dtype=torch.int32)
+def _block_table(meta: AttentionMetadata, device: torch.device) -> Tensor:
+    return torch.tensor(meta.block_table, dtype=torch.int32, device=device)
+
+
+def _step_tensors(input_ids: list[int], meta: AttentionMetadata, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """A step's token ids, positions and slots, copied to the device (fresh tensors of its size)."""
+    return (torch.tensor(input_ids, dtype=torch.int64, device=device),
+            torch.tensor(meta.positions, dtype=torch.int64, device=device),
+            torch.tensor(meta.slot_mapping, dtype=torch.int64, device=device))
 
 
 class EagerRunner:
@@ -124,14 +132,9 @@ class EagerRunner:
         self.model, self.kv_cache, self.style = model, kv_cache, style
 
     def execute(self, inputs: StepInputs) -> Tensor:
-        meta = inputs.meta
-        logits = self.model(
-            torch.tensor(inputs.input_ids, dtype=torch.int64),
-            torch.tensor(meta.positions, dtype=torch.int64),
-            torch.tensor(meta.slot_mapping, dtype=torch.int64),
-            self.kv_cache,
-            fia_attend(self.model, meta, _block_table(meta), self.style),
-        )
+        meta, device = inputs.meta, self.kv_cache.device
+        logits = self.model(*_step_tensors(inputs.input_ids, meta, device), self.kv_cache,
+                            fia_attend(self.model, meta, _block_table(meta, device), self.style))
         return logits[: meta.num_actual_tokens]
 
 
@@ -167,13 +170,15 @@ class GraphRunner:
                  style: AttentionStyle = AttentionStyle()) -> None:
         self.engine, self.model, self.kv_cache, self.config, self.style = engine, model, kv_cache, config, style
         self.heads = attention_heads(model)
+        self.device = device = kv_cache.device
         max_tokens = config.max_num_tokens
         # Rows for real requests, fake uniform requests (at most one per token) and one dummy.
         self.max_reqs = max(config.max_num_seqs, max_tokens) + 1
-        self.input_ids = torch.zeros(max_tokens, dtype=torch.int64)
-        self.positions = torch.zeros(max_tokens, dtype=torch.int64)
-        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64)
-        self.block_table = torch.zeros(self.max_reqs, config.max_blocks_per_req, dtype=torch.int32)
+        # The static buffers every graph reads: device memory, written in place before replay.
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
+        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
+        self.block_table = torch.zeros(self.max_reqs, config.max_blocks_per_req, dtype=torch.int32, device=device)
         self.update_stream = engine.Stream()
         self.streams_by_bucket: list[dict[str, Any]] = []
         # What attention keeps per captured key: FULL graphs' task groups, PIECEWISE graphs'
@@ -295,18 +300,25 @@ class GraphRunner:
         meta = plan.padded
         if decision is None or decision.runtime_mode is CUDAGraphMode.NONE:
             # Eager, through the wrappers (they pass it on): fresh tensors of the batch's own size.
-            args = (torch.tensor(input_ids, dtype=torch.int64), torch.tensor(meta.positions, dtype=torch.int64),
-                    torch.tensor(meta.slot_mapping, dtype=torch.int64))
-            with set_forward_context(CUDAGraphMode.NONE, None, self._live(meta, _block_table(meta))):
+            args = _step_tensors(input_ids, meta, self.device)
+            with set_forward_context(CUDAGraphMode.NONE, None, self._live(meta, _block_table(meta, self.device))):
                 logits = self.forward(*args)
             return logits[: meta.num_actual_tokens], None
         self._write_static(StepInputs(meta, input_ids))
         key, mode = decision.batch_descriptor, decision.runtime_mode
         live = self._live(meta, self.block_table)
-        with set_forward_context(mode, key, live):
-            logits = self.forward(*self._static_args(meta))  # a replay (the runnable is not called)
-            if mode is CUDAGraphMode.FULL:
-                self._update_full_graph_params(key, live.kwargs)
+        try:
+            with set_forward_context(mode, key, live):
+                logits = self.forward(*self._static_args(meta))  # a replay (the runnable is not called)
+                if mode is CUDAGraphMode.FULL:
+                    self._update_full_graph_params(key, live.kwargs)
+        except BaseException:
+            # What was launched runs on a device whatever the host does next (the update releases
+            # the replay's events even when it fails): let it finish here, before this rank's
+            # host moves on, so its collectives meet its peers' in the same order.
+            with contextlib.suppress(Exception):
+                self.engine.synchronize()
+            raise
         self.engine.synchronize()
         executed = self._executed(self.full_wrapper.graph_of(key)) \
             if mode is CUDAGraphMode.FULL and self.full_wrapper is not None else None
@@ -336,15 +348,14 @@ class GraphRunner:
         if not self.config.fixes.static_inputs:
             # The bug this switch reproduces: fresh tensors bound to the names, so the graph
             # still reads the buffers it captured (never written again).
-            self.input_ids = torch.tensor(inputs.input_ids, dtype=torch.int64)
-            self.positions = torch.tensor(meta.positions, dtype=torch.int64)
-            self.slot_mapping = torch.tensor(meta.slot_mapping, dtype=torch.int64)
+            self.input_ids, self.positions, self.slot_mapping = _step_tensors(inputs.input_ids, meta, self.device)
             return
+        # Host-to-device copies into the captured addresses (vLLM: CpuGpuBuffer.copy_to_gpu).
         self.input_ids[:n].copy_(torch.tensor(inputs.input_ids, dtype=torch.int64))
         self.positions[:n].copy_(torch.tensor(meta.positions, dtype=torch.int64))
         self.slot_mapping[:n].copy_(torch.tensor(meta.slot_mapping, dtype=torch.int64))
         self.block_table.zero_()
-        self.block_table[: meta.num_reqs_padded].copy_(_block_table(meta))
+        self.block_table[: meta.num_reqs_padded].copy_(torch.tensor(meta.block_table, dtype=torch.int32))
 
     def _executed(self, graph: Any) -> list[dict] | None:
         if not self.engine.capabilities.reports_executed_arguments:

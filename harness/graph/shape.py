@@ -29,6 +29,7 @@ class RankContext:
     rank: int = 0
     world_size: int = 1
     axes: Mapping[str, RankAxis] = field(default_factory=dict)
+    device: Any = None  # the rank's torch.device (None: the host), where its collectives' tensors live
 
     def axis(self, name: str) -> RankAxis:
         return self.axes.get(name, _SINGLE_AXIS)

@@ -1,7 +1,11 @@
 """A small decoder LM over a paged KV cache, with attention injected by the caller.
 
-Per layer: RMSNorm -> q/k/v projections -> K/V written to the paged cache -> attention (the
-injected :data:`Attend`) -> o_proj -> residual add -> RMSNorm -> SiLU-gated MLP -> residual add.
+Per layer: RMSNorm -> one fused q/k/v projection (vLLM's ``QKVParallelLinear``) split into q, k
+and v -> K/V written to the paged cache -> attention (the injected :data:`Attend`) -> o_proj ->
+residual add -> RMSNorm -> one fused gate/up projection (``MergedColumnParallelLinear``) ->
+SiLU-and-mul -> down projection -> residual add. Weights are generated, and sharded under TP, as
+separate q/k/v and gate/up matrices and stacked at load time, as vLLM's ``load_weights`` stacks
+checkpoint tensors (``stacked_params_mapping``).
 Token embedding plus a learned absolute-position embedding in front, final RMSNorm and LM head
 (float32 logits) at the end. No RoPE (positions enter only through the position embedding).
 
@@ -139,14 +143,12 @@ class DecoderLayer(nn.Module):
         self.index = index
         self.parallel = ctx
         self.num_heads, self.num_kv_heads, self.head_dim = n, nkv, d
+        self.qkv_sizes = (n * d, nkv * d, nkv * d)
         self.input_norm = RMSNorm(h, config.rms_norm_eps)
-        self.q_proj = _linear(h, n * d)
-        self.k_proj = _linear(h, nkv * d)
-        self.v_proj = _linear(h, nkv * d)
+        self.qkv_proj = _linear(h, sum(self.qkv_sizes))
         self.o_proj = _linear(n * d, h)
         self.post_norm = RMSNorm(h, config.rms_norm_eps)
-        self.gate_proj = _linear(h, m)
-        self.up_proj = _linear(h, m)
+        self.gate_up_proj = _linear(h, 2 * m)
         self.down_proj = _linear(m, h)
 
     def _reduce(self, partial: Tensor) -> Tensor:
@@ -170,11 +172,10 @@ class DecoderLayer(nn.Module):
         """
         x = self._gather(self.input_norm(residual))
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        kv_cache.write(self.index, k, v, slot_mapping)
-        return q
+        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        kv_cache.write(self.index, k.view(t, self.num_kv_heads, self.head_dim),
+                       v.view(t, self.num_kv_heads, self.head_dim), slot_mapping)
+        return q.view(t, self.num_heads, self.head_dim)
 
     def post_attention(self, attn_out: Tensor, residual: Tensor) -> Tensor:
         """o_proj + residual, then the MLP block + residual; returns the new residual.
@@ -185,7 +186,7 @@ class DecoderLayer(nn.Module):
         t = attn_out.shape[0]
         h = residual + self._reduce(self.o_proj(attn_out.reshape(t, -1).to(residual.dtype)))
         x = self._gather(self.post_norm(h))
-        return h + self._reduce(self.down_proj(_SILU_AND_MUL(self.gate_proj(x), self.up_proj(x))))
+        return h + self._reduce(self.down_proj(_SILU_AND_MUL(self.gate_up_proj(x))))
 
 
 class DecoderLM(nn.Module):
@@ -229,7 +230,7 @@ class DecoderLM(nn.Module):
             state = canary_state_dict(self.config)
         elif state is None:
             state = random_state_dict(self.config)
-        state = shard_state_dict(state, self.parallel)
+        state = stack_projections(shard_state_dict(state, self.parallel), self.config.num_layers)
         own = self.state_dict()
         missing = set(own) - set(state)
         extra = set(state) - set(own)
@@ -267,6 +268,11 @@ class DecoderLM(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.config.torch_dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live: the device every input, cache and buffer of this model needs."""
+        return self.embed_tokens.weight.device
 
     # ------------------------------------------------------------------ pieces
     def piece(
@@ -327,6 +333,22 @@ class DecoderLM(nn.Module):
             attn_out = attend(layer, query, kv_cache.key_cache[layer], kv_cache.value_cache[layer])
             outs = self.piece(layer + 1, (attn_out, residual), positions, slot_mapping, kv_cache)
         return outs[0]
+
+
+#: vLLM's ``stacked_params_mapping``: the checkpoint matrices each fused projection stacks, in order.
+STACKED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def stack_projections(state: dict[str, Tensor], num_layers: int) -> dict[str, Tensor]:
+    """``state`` with each layer's q/k/v and gate/up matrices stacked into the fused projections
+    the layers hold (entries already fused, such as a draft model cut from its target, stay)."""
+    out = dict(state)
+    for i in range(num_layers):
+        for fused, parts in STACKED_PROJECTIONS.items():
+            names = [f"layers.{i}.{part}.weight" for part in parts]
+            if all(name in out for name in names):
+                out[f"layers.{i}.{fused}.weight"] = torch.cat([out.pop(name) for name in names])
+    return out
 
 
 def random_state_dict(config: ModelConfig) -> dict[str, Tensor]:

@@ -16,7 +16,8 @@ tensor data on the host, so each is capture-safe on CUDA and NPU too):
   :data:`ROW_BLOCK` rows, float32 accumulate, cast back to ``x``'s dtype (see :func:`row_linear`);
 * ``harness::rms_norm(Tensor x, Tensor weight, float eps) -> Tensor``: row-wise RMSNorm in float32,
   cast back;
-* ``harness::silu_and_mul(Tensor gate, Tensor up) -> Tensor``: ``silu(gate) * up`` (same shapes);
+* ``harness::silu_and_mul(Tensor x) -> Tensor``: ``silu(gate) * up`` of the two halves of ``x``'s
+  last dim (vLLM's ``SiluAndMul`` on the fused gate/up projection);
 * ``harness::reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache,
   Tensor(b!) value_cache, Tensor slot_mapping) -> ()``: this step's K/V rows written into the
   paged caches in place (:func:`harness.model.kv_cache.write_kv`; vLLM Ascend calls torch_npu's
@@ -74,8 +75,9 @@ def _cast(t: Tensor, dtype: torch.dtype) -> Tensor:
     return t if t.dtype is dtype else t.to(dtype)
 
 
-def silu_and_mul(gate: Tensor, up: Tensor) -> Tensor:
-    """The gated MLP's activation, ``silu(gate) * up``."""
+def silu_and_mul(x: Tensor) -> Tensor:
+    """The gated MLP's activation on the fused gate/up output: ``silu(x[..., :d]) * x[..., d:]``."""
+    gate, up = x.chunk(2, dim=-1)
     return F.silu(gate) * up
 
 
@@ -93,8 +95,8 @@ def _rms_norm_fake(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _silu_and_mul_fake(gate: Tensor, up: Tensor) -> Tensor:
-    return torch.empty_like(gate, memory_format=torch.contiguous_format)
+def _silu_and_mul_fake(x: Tensor) -> Tensor:
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
 
 
 def _reshape_and_cache_fake(key: Tensor, value: Tensor, key_cache: Tensor, value_cache: Tensor,
@@ -106,7 +108,7 @@ _lib = torch.library.Library("harness", "FRAGMENT")  # noqa: TOR901 (kept alive 
 for _name, _schema, _kernel, _fake in (
     ("row_linear", "row_linear(Tensor x, Tensor weight) -> Tensor", row_linear, _row_linear_fake),
     ("rms_norm", "rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", rms_norm, _rms_norm_fake),
-    ("silu_and_mul", "silu_and_mul(Tensor gate, Tensor up) -> Tensor", silu_and_mul, _silu_and_mul_fake),
+    ("silu_and_mul", "silu_and_mul(Tensor x) -> Tensor", silu_and_mul, _silu_and_mul_fake),
     ("reshape_and_cache",
      "reshape_and_cache(Tensor key, Tensor value, Tensor(a!) key_cache, Tensor(b!) value_cache, "
      "Tensor slot_mapping) -> ()",

@@ -110,7 +110,7 @@ def capture_task_group(engine: Any, query: Tensor, key_cache: Tensor, value_cach
     if workspace is None:
         workspace = get_max_workspace(query, key_cache, value_cache, **kwargs)
     out = torch.empty_like(query)
-    lse = torch.empty(query.shape[0], query.shape[1], 1, dtype=torch.float32)
+    lse = torch.empty(query.shape[0], query.shape[1], 1, dtype=torch.float32, device=query.device)
     event = engine.ExternalEvent()
     event.wait(stream)
     event.reset(stream)
@@ -143,8 +143,17 @@ def update_task_group(engine: Any, stream: Any, task: LayerTask, key_cache: Tens
 
 def update_layers(engine: Any, stream: Any, tasks: Sequence[LayerTask], caches: Sequence[tuple[Tensor, Tensor]],
                   kwargs: dict[str, Any]) -> None:
-    """Update every layer of a replayed FULL graph on ``stream`` (tags each call with its layer)."""
+    """Update every layer of a replayed FULL graph on ``stream`` (tags each call with its layer).
+
+    If a layer's update raises (the host check refused the new lists), the events of that layer
+    and every later one are still recorded: the replay, which waits at each layer's event, then
+    runs to its end with the lists it had, instead of waiting for ever (a hung device)."""
     with engine.stream(stream):
         for layer, (task, (key_cache, value_cache)) in enumerate(zip(tasks, caches)):
-            with fia_call_tags(layer=layer):
-                update_task_group(engine, stream, task, key_cache, value_cache, kwargs)
+            try:
+                with fia_call_tags(layer=layer):
+                    update_task_group(engine, stream, task, key_cache, value_cache, kwargs)
+            except BaseException:
+                for stalled in tasks[layer:]:
+                    stalled.event.record(stream)
+                raise

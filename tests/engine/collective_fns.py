@@ -104,25 +104,26 @@ def sp_capture_and_replay(rank: int, world: int) -> dict[str, Any]:
     config = ModelConfig(kind="random", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, head_dim=16,
                          vocab_size=256, max_model_len=256, block_size=8, num_blocks=96)
     ctx = ParallelContext.from_group(dist.group.WORLD, sequence_parallel=True)
-    model = DecoderLM(config, ctx)
     npu = load("emulated")
     npu.reset_device()
+    model = DecoderLM(config, ctx).to(npu.device)
     result: dict[str, Any] = {}
     for family, ops in (("c10d", None), ("shm", OPS)):
         use_collective_ops(ops)
         try:
-            cache = make_kv_cache(config, ctx)
+            cache = make_kv_cache(config, ctx, npu.device)
             t = padded_num_tokens(5, ctx)
             batch = make_batch(cache, [("x", [11, 12, 13], 0), ("y", [21, 22], 0)], pad_to=t)
-            attend = make_eager_attend(config, batch.cum_q, batch.kv_lens, batch.block_table, parallel=ctx)
-            args = (batch.input_ids.clone(), batch.positions, batch.slot_mapping)
-            eager = model(*args, cache, attend).clone()
+            attend = make_eager_attend(config, batch.cum_q, batch.kv_lens, batch.block_table.to(npu.device),
+                                       parallel=ctx)
+            args = tuple(t.to(npu.device) for t in (batch.input_ids, batch.positions, batch.slot_mapping))
+            eager = model(*args, cache, attend).cpu()
             graph = npu.NPUGraph()
             with npu.graph(graph):
                 out = model(*args, cache, attend)
             graph.replay()
             npu.synchronize()
-            result[family] = {"eager": eager, "replay": out.clone(), "streams": graph.streams_held,
+            result[family] = {"eager": eager, "replay": out.cpu(), "streams": graph.streams_held,
                               "namespaces": sorted({n.func.namespace for n in graph.nodes if hasattr(n, "func")}),
                               "family": collective_ops() is (OPS if ops else C10D)}
             graph.reset()

@@ -13,6 +13,9 @@ import torch
 from harness.engine import CaptureError, DeviceRules
 from harness.engine.emulated import rng
 
+# Tensors these tests make live on the emulated NPU, as the pipeline's do (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("on_npu")
+
 OLD = DeviceRules()  # the emulator's historical rules (torch_npu 2.10 and earlier)
 NEW = DeviceRules(rng_in_capture=True, capture_survives_rejected_sync=True, generator_registration="lazy")
 

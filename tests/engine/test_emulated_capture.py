@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 from harness.engine import CaptureError
+from harness.engine.emulated.tensors import DeviceMismatchError, host_data
 
 from .conftest import scale_rows
+
+# Tensors these tests make live on the emulated NPU, as the pipeline's do (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("on_npu")
 
 
 def test_replay_runs_the_record_not_the_python(npu):
@@ -79,9 +85,9 @@ def test_capture_has_no_side_effect_and_outputs_hold_no_data(npu):
         lambda t: torch.nonzero(t),
         lambda t: t[t > 0],
         lambda t: torch.equal(t, t),
-        lambda t: t.numpy(),
+        lambda t: t.cpu(),
     ],
-    ids=["item", "tolist", "bool", "nonzero", "bool-mask", "equal", "numpy"],
+    ids=["item", "tolist", "bool", "nonzero", "bool-mask", "equal", "cpu"],
 )
 def test_host_sync_in_capture_raises_and_capture_can_be_redone(npu, host_sync):
     x = torch.randn(4)
@@ -172,6 +178,46 @@ def test_allocations_are_not_replayed(npu):
     npu.synchronize()
     assert out.tolist() == [3.0] * 4
     g.replay()  # stalls at the event: the buffer must still hold the previous result
-    assert out.tolist() == [3.0] * 4
+    assert host_data(out).tolist() == [3.0] * 4  # (read without waiting for the stream: it never ends)
     event.record(npu.Stream())
     npu.synchronize()
+
+
+def test_numpy_of_device_memory_refuses_as_on_cuda(npu):
+    with pytest.raises(TypeError, match="can't convert npu:0 device type tensor to numpy"):
+        torch.ones(2).numpy()
+    assert torch.ones(2).cpu().numpy().tolist() == [1.0, 1.0]
+
+
+def test_host_work_is_not_captured_and_a_graph_of_only_host_work_is_refused(npu):
+    """The pre-fix pipeline of the first GPU run: a model left in host memory. Its capture records
+    nothing, and the emulator refuses the empty graph naming what ran on the host instead."""
+    x, w = torch.randn(4, 8, device="cpu"), torch.randn(8, 8, device="cpu")
+    g = npu.NPUGraph()
+    with pytest.raises(CaptureError, match=r"has no device work; 2 operation\(s\) ran on the host instead "
+                                           r"\(first: aten::mm on host tensors of shape \[\[4, 8\], \[8, 8\]\]"):
+        with npu.graph(g):
+            torch.relu(x @ w)
+    g = npu.NPUGraph()  # host work beside device work: the host part runs once, at capture
+    y = torch.zeros(4)
+    with npu.graph(g):
+        host = x.sum()  # on the host, now
+        y.add_(1.0)
+    assert host == x.sum()
+    g.replay()
+    npu.synchronize()
+    assert y.tolist() == [1.0] * 4  # the device part runs at each replay, never at capture
+
+
+@pytest.mark.parametrize("capturing", [False, True], ids=["eager", "capture"])
+def test_a_host_tensor_mixed_with_device_tensors_raises_as_on_a_device(npu, capturing):
+    """The mask bug the GPU run found (``harness/ops/reference.py``, fixed): a host mask beside a
+    device tensor. Copies between the memories and host index tensors stay legal, as on CUDA."""
+    scores, mask = torch.randn(2, 3), torch.ones(2, 3, dtype=torch.bool, device="cpu")
+    context = npu.graph(npu.NPUGraph()) if capturing else contextlib.nullcontext()
+    with pytest.raises(DeviceMismatchError, match=r"npu:0 and cpu! \(aten::masked_fill: argument 'mask'"):
+        with context:
+            scores.masked_fill(mask, 0.0)
+    rows = torch.tensor([1, 0], device="cpu")
+    assert torch.equal(scores[rows].cpu(), scores.cpu()[rows])
+    assert scores.masked_fill(mask.to(scores.device), 0.0).eq(0).all()

@@ -10,6 +10,9 @@ from harness.engine.emulated import dispatch_mode
 from harness.engine.emulated.recorder import EventNode
 from tests.engine.conftest import scale_rows
 
+# Tensors these tests make live on the emulated NPU, as the pipeline's do (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("on_npu")
+
 
 def _captured(npu, n_ops=2):
     x = torch.ones(2, 2)
@@ -48,6 +51,6 @@ def test_replay_without_a_fresh_update_hangs(npu):
 
 def test_host_tensor_for_a_host_list_argument_is_read_as_a_list():
     func = torch.ops.enginetest.scale_rows.default
-    assert dispatch_mode.host_value(func, "factors", torch.tensor([2, 5], dtype=torch.int32)) == [2, 5]
+    assert dispatch_mode.host_value(func, "factors", torch.tensor([2, 5], dtype=torch.int32, device="cpu")) == [2, 5]
     kept = torch.ones(2)
     assert dispatch_mode.host_value(func, "x", kept) is kept  # a tensor argument stays a tensor

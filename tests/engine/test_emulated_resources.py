@@ -8,6 +8,9 @@ import torch
 from harness.engine import StreamBudgetError
 from harness.engine.emulated.device import StreamConfig
 
+# Tensors these tests make live on the emulated NPU, as the pipeline's do (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("on_npu")
+
 
 def _capture(npu, fn, pool=None):
     g = npu.NPUGraph()

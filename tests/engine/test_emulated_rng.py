@@ -12,6 +12,9 @@ import torch
 from harness.engine import CaptureError
 from harness.engine.emulated import rng
 
+# Tensors these tests make live on the emulated NPU, as the pipeline's do (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("on_npu")
+
 
 def test_get_set_rng_state_during_capture(npu):
     """test_get_set_rng_state_during_capture: save, draw, restore, draw -> the same numbers twice."""
@@ -86,8 +89,10 @@ def test_graph_manual_seed_mismatch_raises_and_same_seed_is_a_no_op(npu):
         with npu.graph(npu.NPUGraph()):
             npu.manual_seed(1)
     before = npu.get_rng_state()
+    work = torch.zeros(1)
     with npu.graph(npu.NPUGraph()):
         npu.manual_seed(0)
+        work.add_(1.0)  # a graph must hold device work (an empty one is refused)
     assert torch.equal(npu.get_rng_state(), before)
 
 
@@ -167,6 +172,8 @@ def test_graph_rng_concurrent_replay_on_different_streams(npu):
     s0, s1 = npu.Stream(), npu.Stream()
     buf0.zero_()
     buf1.zero_()
+    for s in (s0, s1):  # the replays come after the zeroing: a device orders streams only this way
+        s.wait_stream(npu.current_stream())
     with npu.stream(s0):
         g0.replay()
     with npu.stream(s1):

@@ -9,6 +9,9 @@ from harness.engine import GraphHangError, TaskUpdateError
 
 from .conftest import scale_rows
 
+# Tensors these tests make live on the emulated NPU, as the pipeline's do (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("on_npu")
+
 
 def _capture_grouped(npu, x, out, factors):
     """Capture as vLLM Ascend does: event wait/reset, then the op inside a task group."""

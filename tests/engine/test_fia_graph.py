@@ -24,6 +24,7 @@ from torch import Tensor
 from harness.engine import CaptureError, GraphHangError, StreamBudgetError, StreamConfig, TaskUpdateError
 from harness.ops.attention import LayerTask, capture_task_group, update_task_group
 from harness.engine.emulated.recorder import OpNode
+from harness.engine.emulated.tensors import host_data
 from harness.model import ModelConfig, PagedKVCache, build_model, make_eager_attend
 from harness.ops import (
     FIA_OP_NAME,
@@ -33,6 +34,9 @@ from harness.ops import (
     npu_fused_infer_attention_score_out,
     register_updatable_ops,
 )
+
+# Tensors these tests make live on the emulated NPU, as the pipeline's do (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("on_npu")
 
 # =========================================================================== single FIA op
 
@@ -104,7 +108,8 @@ def test_aclgraph_update_task_group(npu, shape, order):
         if order == "replay-then-update":  # vLLM Ascend: the replay stalls at the event
             g.replay()
             assert not npu.current_stream().query(), "the replay did not stop at the event wait"
-            assert not torch.equal(out, eager_old[0])  # FIA has not run, with either list
+            # FIA has not run, with either list (peeked at: reading device memory would wait for ever)
+            assert not torch.equal(host_data(out), host_data(eager_old[0]))
             _update(npu, update_stream, handle, event, x, q1, kv1, workspace, out, lse)
         else:  # torch_npu's test: update and record first, then replay
             _update(npu, update_stream, handle, event, x, q1, kv1, workspace, out, lse)
@@ -173,12 +178,17 @@ def test_aclgraph_update_auto_dispatch_capture(npu, shape, form):
 
 def test_fia_capture_records_one_node_in_its_task_group(npu):
     x = _fia_inputs(1)
-    g, _, handle, _, _, _ = _capture_task_group(npu, x, [1], [29])
+    g, event, handle, _, _, _ = _capture_task_group(npu, x, [1], [29])
     fia_nodes = [n for n in g.nodes if isinstance(n, OpNode) and n.func._schema.name == FIA_OP_NAME]
     assert len(fia_nodes) == 1, [n.name for n in g.nodes if isinstance(n, OpNode)]
     assert fia_nodes[0].kind == "mutating" and fia_nodes[0].name == FIA_OP_NAME + ".out"
     assert handle.nodes() == fia_nodes  # the task group holds exactly the FIA node
-    # The host lists are stored frozen, as plain values (no tensor), in that one node.
+    # The host lists are stored frozen, as plain values (no tensor), in that one node, and a
+    # replay reports running with them.
+    assert npu.executed_host_arguments(g, FIA_OP_NAME, ("actual_seq_lengths",)) == []  # none ran yet
+    g.replay()
+    event.record(npu.Stream())
+    npu.synchronize()
     assert npu.executed_host_arguments(g, FIA_OP_NAME, ("actual_seq_lengths", "actual_seq_lengths_kv")) == [
         {"actual_seq_lengths": [1], "actual_seq_lengths_kv": [29]}
     ]
@@ -382,8 +392,8 @@ def _run_schedule(npu, graph_update: bool, steps: int = len(SCHEDULE)):
     and the only difference is how the step is executed. Yields (step, eager, graph) logits.
     """
     register_updatable_ops(npu)
-    model = build_model(CFG)
-    caches = {"eager": PagedKVCache(CFG), "graph": PagedKVCache(CFG)}
+    model = build_model(CFG, npu.device)
+    caches = {"eager": PagedKVCache(CFG, npu.device), "graph": PagedKVCache(CFG, npu.device)}
     gen = torch.Generator().manual_seed(5)
     next_block = 1
     requests: dict[str, dict[str, Request]] = {"eager": {}, "graph": {}}
@@ -450,8 +460,8 @@ def _one_request(model, cache: PagedKVCache) -> Request:
 
 def test_item_inside_capture_raises_and_capture_can_be_redone(npu):
     """torch_npu test_aclgraph_rng_state: a host sync refuses the capture; the graph is reusable."""
-    model = build_model(CFG)
-    caches = [PagedKVCache(CFG), PagedKVCache(CFG)]
+    model = build_model(CFG, npu.device)
+    caches = [PagedKVCache(CFG, npu.device), PagedKVCache(CFG, npu.device)]
     req = [_one_request(model, c) for c in caches][0]
     meta = _decode_meta([req])
     full = FullDecodeGraph(npu, model, caches[0], BUCKET)
@@ -481,8 +491,8 @@ def test_item_inside_capture_raises_and_capture_can_be_redone(npu):
 def test_stream_budget_exhaustion_raises_207008_for_decoder_graphs(npu):
     """One FULL graph per bucket; a pool of 3 streams takes 3 graphs, the 4th capture fails."""
     npu.reset_device(StreamConfig(pool_size=3, per_graph=1))
-    model = build_model(CFG)
-    cache = PagedKVCache(CFG)
+    model = build_model(CFG, npu.device)
+    cache = PagedKVCache(CFG, npu.device)
     req = _one_request(model, cache)
     meta = _decode_meta([req])
     pool = npu.graph_pool_handle()

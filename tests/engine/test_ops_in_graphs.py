@@ -24,6 +24,9 @@ from harness.ops import (
     register_updatable_ops,
 )
 
+# Tensors these tests make live on the emulated NPU, as the pipeline's do (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("on_npu")
+
 
 def _task_group_capture(npu, issue):
     """Capture ``issue()`` as vLLM Ascend does; return (graph, event, handle)."""
@@ -108,7 +111,7 @@ def _pa(seed=1, B=4):
 
 def _eager_pa(x, lens):
     out = torch.empty_like(x["query"])
-    npu_paged_attention(**x, context_lens=torch.tensor(lens, dtype=torch.int32), out=out)
+    npu_paged_attention(**x, context_lens=torch.tensor(lens, dtype=torch.int32, device="cpu"), out=out)
     return out
 
 
@@ -120,12 +123,12 @@ def test_paged_attention_task_group_update_of_context_lens(npu):
     x = _pa()
     eager_old, eager_new = _eager_pa(x, OLD), _eager_pa(x, NEW)
     out = torch.empty_like(x["query"])
-    seq_lens = torch.tensor(OLD, dtype=torch.int32)
+    seq_lens = torch.tensor(OLD, dtype=torch.int32, device="cpu")
     ws = paged_attention_get_workspace(x["query"], **{k: v for k, v in x.items() if k != "query"},
                                        context_lens=seq_lens, out=out)
     graph, event, handle = _task_group_capture(
         npu, lambda: npu_paged_attention(**x, context_lens=seq_lens, out=out, workspace=ws))
-    seq_lens.copy_(torch.tensor(NEW, dtype=torch.int32))  # host memory changed: the graph kept copies
+    seq_lens.copy_(torch.tensor(NEW, dtype=torch.int32, device="cpu"))  # host memory changed: the graph kept copies
     event.record(npu.Stream())
     graph.replay()
     npu.synchronize()
@@ -144,15 +147,15 @@ def test_paged_attention_npugraph_update_like_torch_npus_test(npu):
     out = torch.empty_like(x["query"])
     graph = npu.NPUGraph()
     with npu.graph(graph, stream=npu.Stream(), pool=None, auto_dispatch_capture=True):
-        npu_paged_attention(**x, context_lens=torch.tensor(OLD, dtype=torch.int32), out=out)
-    graph.update(cpu_update_input=[{"context_lens": torch.tensor(OLD, dtype=torch.int32)}])
+        npu_paged_attention(**x, context_lens=torch.tensor(OLD, dtype=torch.int32, device="cpu"), out=out)
+    graph.update(cpu_update_input=[{"context_lens": torch.tensor(OLD, dtype=torch.int32, device="cpu")}])
     graph.replay()
     npu.synchronize()
     assert torch.equal(out, _eager_pa(x, OLD))
     fresh = _pa(seed=2)  # new query / caches / table contents at the same addresses
     for name in ("query", "key_cache", "value_cache", "block_table"):
         x[name].copy_(fresh[name])
-    graph.update(cpu_update_input=[{"context_lens": torch.tensor(NEW, dtype=torch.int32)}])
+    graph.update(cpu_update_input=[{"context_lens": torch.tensor(NEW, dtype=torch.int32, device="cpu")}])
     graph.replay()
     npu.synchronize()
     assert torch.equal(out, _eager_pa(x, NEW))
@@ -160,12 +163,12 @@ def test_paged_attention_npugraph_update_like_torch_npus_test(npu):
 
 def test_paged_attention_device_lens_needs_no_update(npu):
     x = _pa()
-    lens = torch.tensor(OLD, dtype=torch.int32)
+    lens = torch.tensor(OLD, dtype=torch.int32)  # device memory: the kernel reads it when it runs
     out = torch.empty_like(x["query"])
     graph = npu.NPUGraph()
     with npu.graph(graph):
         npu_paged_attention_device_lens(**x, context_lens=lens, out=out)
-    lens.copy_(torch.tensor(NEW, dtype=torch.int32))
+    lens.copy_(torch.tensor(NEW, dtype=torch.int32, device="cpu"))
     graph.replay()
     npu.synchronize()
     assert torch.equal(out, _eager_pa(x, NEW))

@@ -33,6 +33,9 @@ from harness.graph.graph_wrapper import (
 )
 from harness.graph.modes import CUDAGraphMode
 
+# Tensors these tests make live on the emulated NPU, as the pipeline's do (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("on_npu")
+
 FULL, PIECEWISE, NONE = CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE, CUDAGraphMode.NONE
 KEY = BatchDescriptor(num_tokens=30)
 
@@ -406,10 +409,10 @@ def _capturing_runner(mode: str, streams=None):
     from harness.session import build_spec
 
     (spec, _, _) = build_spec(_point_scenario(mode))
-    model = build_model(spec.model)
     engine = load_engine("emulated")
     engine.reset_device(*([streams] if streams else []))
-    runner = GraphRunner(engine, model, make_kv_cache(model.config, model.parallel),
+    model = build_model(spec.model, engine.device)
+    runner = GraphRunner(engine, model, make_kv_cache(model.config, model.parallel, engine.device),
                          RunnerConfig(max(spec.graph.capture_sizes), spec.graph.max_num_seqs, spec.max_blocks_per_req,
                                       mode=spec.graph.mode))
     return engine, spec, runner, StepPlanner(spec.planner_config(), spec.features).capture_plans()

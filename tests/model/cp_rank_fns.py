@@ -112,9 +112,12 @@ def run_decoder(cp: int, rank: int, group: Any, *, capture_step: int | None = No
     from harness.model.config import ModelConfig
     from harness.model.context_parallel import build_cp_metadata, cp_local_capacity, make_cp_attend
 
+    from harness.engine import load
+
     cfg = ModelConfig(**SMALL)
-    model = build_model(cfg)
-    cache = PagedKVCache(cfg)
+    device = load("emulated").device  # the run lives on the emulated NPU, as the pipeline's does
+    model = build_model(cfg, device)
+    cache = PagedKVCache(cfg, device)
     alloc = cache.allocator
     seqs = {r: list(p) for r, p in PROMPTS}
     done = {r: 0 for r, _ in PROMPTS}  # tokens already in the cache
@@ -138,8 +141,8 @@ def run_decoder(cp: int, rank: int, group: Any, *, capture_step: int | None = No
         table_rows = [alloc.blocks(r) for r in reqs]
         width = cfg.max_blocks_per_seq
         table_rows = [b + [0] * (width - len(b)) for b in table_rows]
-        input_ids = torch.tensor(ids + [0] * (T - n), dtype=torch.int64)
-        pos_t = torch.tensor(positions + [0] * (T - n), dtype=torch.int64)
+        input_ids = torch.tensor(ids + [0] * (T - n), dtype=torch.int64, device=device)
+        pos_t = torch.tensor(positions + [0] * (T - n), dtype=torch.int64, device=device)
         if cp == 1:
             slots = []
             for r, q, s in zip(reqs, query_lens, seq_lens):
@@ -152,19 +155,20 @@ def run_decoder(cp: int, rank: int, group: Any, *, capture_step: int | None = No
                 kv.append(0)
                 num_rows += 1
                 slots += [-1] * (T - n)
-            table = alloc.block_table(reqs, width, num_rows=num_rows)
+            table = alloc.block_table(reqs, width, num_rows=num_rows, device=device)
             attend = make_eager_attend(cfg, cum, kv, table)
-            slot_t = torch.tensor(slots, dtype=torch.int64)
+            slot_t = torch.tensor(slots, dtype=torch.int64, device=device)
         else:
             meta = build_cp_metadata(query_lens, seq_lens, positions, table_rows,
                                      block_size=cfg.block_size, cp=cp, rank=rank,
                                      num_tokens_padded=T)
-            attend = make_cp_attend(cfg, cp, rank, group, meta, gather=gather)
-            slot_t = meta.slot_mapping_tensor()
+            attend = make_cp_attend(cfg, cp, rank, group, meta, block_table=meta.block_table_tensor(device),
+                                    gather=gather)
+            slot_t = meta.slot_mapping_tensor(device)
         if capture_step is not None and step == capture_step and cp > 1:
             capture_info = _capture_and_compare(model, cache, input_ids, pos_t, slot_t, attend)
-        logits = model(input_ids, pos_t, slot_t, cache, attend)[:n]
-        all_logits.append(logits.clone())
+        logits = model(input_ids, pos_t, slot_t, cache, attend)[:n].cpu()
+        all_logits.append(logits)
         # greedy: the next token of each request from its last query row
         ends = [sum(query_lens[: i + 1]) - 1 for i in range(len(reqs))]
         nxt = [int(logits[e].argmax()) for e in ends]

@@ -82,12 +82,13 @@ def two_step_batches(cache: PagedKVCache, pad_multiple: int) -> list[Batch]:
 
 def capture_and_replay(npu: Any, model: DecoderLM, ctx: ParallelContext) -> dict[str, Any]:
     """Capture the full forward once, replay it twice (second time with new token ids in the
-    static input buffer) and compare with eager bitwise."""
-    cache = make_kv_cache(model.config, ctx)
+    static input buffer) and compare with eager bitwise. Everything lives on ``npu``'s device."""
+    model = DecoderLM(model.config, ctx).to(npu.device)  # the same seeded weights, on the device
+    cache = make_kv_cache(model.config, ctx, npu.device)
     t = padded_num_tokens(5, ctx)  # 5 real tokens: 6 under SP (one padded row)
     batch = make_batch(cache, [("x", [11, 12, 13], 0), ("y", [21, 22], 0)], pad_to=t)
-    ids, pos, slots = batch.input_ids.clone(), batch.positions.clone(), batch.slot_mapping.clone()
-    attend = make_eager_attend(model.config, batch.cum_q, batch.kv_lens, batch.block_table,
+    ids, pos, slots = (x.to(npu.device) for x in (batch.input_ids, batch.positions, batch.slot_mapping))
+    attend = make_eager_attend(model.config, batch.cum_q, batch.kv_lens, batch.block_table.to(npu.device),
                                parallel=ctx)
     eager1 = model(ids, pos, slots, cache, attend).clone()
     g = npu.NPUGraph()
@@ -97,7 +98,7 @@ def capture_and_replay(npu: Any, model: DecoderLM, ctx: ParallelContext) -> dict
     g.replay()
     npu.synchronize()
     replay1 = out.clone()
-    ids.copy_(torch.tensor([31, 32, 33, 41, 42] + [0] * (t - 5)))
+    ids.copy_(torch.tensor([31, 32, 33, 41, 42] + [0] * (t - 5), device=npu.device))
     g.replay()
     npu.synchronize()
     replay2 = out.clone()
@@ -126,7 +127,7 @@ def parallel_job(rank: int, world: int) -> dict[str, Any]:
 
     models = {"single": DecoderLM(config), "tp": DecoderLM(config, tp_ctx),
               "sp": DecoderLM(config, sp_ctx)}
-    res["local_q_rows"] = models["tp"].layers[0].q_proj.weight.shape[0]
+    res["local_q_rows"] = models["tp"].layers[0].qkv_sizes[0]
     for name, model in models.items():
         ctx = model.parallel
         cache = make_kv_cache(config, ctx)

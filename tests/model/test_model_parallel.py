@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness.model import DecoderLM, ModelConfig, PagedKVCache, make_eager_attend
-from harness.model.decoder import random_state_dict
+from harness.model.decoder import random_state_dict, stack_projections
 from harness.model.parallel import (
     ParallelContext,
     column_shard,
@@ -60,9 +60,14 @@ def test_rank_keeps_its_shard_of_the_same_full_weights():
     for rank in range(2):
         model = DecoderLM(CONFIG, fake_ctx(rank=rank))
         own = model.state_dict()
-        assert own.keys() == full.keys()
-        assert torch.equal(own["layers.0.q_proj.weight"], full["layers.0.q_proj.weight"][32 * rank: 32 * (rank + 1)])
-        assert torch.equal(own["layers.1.k_proj.weight"], full["layers.1.k_proj.weight"][16 * rank: 16 * (rank + 1)])
+        assert own.keys() == stack_projections(full, CONFIG.num_layers).keys()
+        # column parallel by whole heads, each of q, k and v sharded before they are stacked
+        # (vLLM's QKVParallelLinear), and gate and up likewise (MergedColumnParallelLinear)
+        q, k, v = (full[f"layers.1.{p}_proj.weight"][rows * rank: rows * (rank + 1)]
+                   for p, rows in (("q", 32), ("k", 16), ("v", 16)))
+        assert torch.equal(own["layers.1.qkv_proj.weight"], torch.cat([q, k, v]))
+        gate, up = (full[f"layers.0.{p}_proj.weight"][64 * rank: 64 * (rank + 1)] for p in ("gate", "up"))
+        assert torch.equal(own["layers.0.gate_up_proj.weight"], torch.cat([gate, up]))
         assert torch.equal(own["layers.0.o_proj.weight"], full["layers.0.o_proj.weight"][:, 32 * rank: 32 * (rank + 1)])
         assert torch.equal(own["layers.0.down_proj.weight"], full["layers.0.down_proj.weight"][:, 64 * rank: 64 * (rank + 1)])
         for name in ("embed_tokens.weight", "lm_head.weight", "norm.weight", "layers.0.input_norm.weight"):
@@ -146,13 +151,13 @@ def test_capture_records_collectives_without_communicating(sp, collective_family
     npu = load("emulated")
     npu.reset_device()
     ctx = fake_ctx(sp=sp)
-    model = DecoderLM(CONFIG, ctx)
-    cache = make_kv_cache(CONFIG, ctx)
+    model = DecoderLM(CONFIG, ctx).to(npu.device)
+    cache = make_kv_cache(CONFIG, ctx, npu.device)
     b = make_batch(cache, [("a", [1, 2, 3, 4], 0)])
-    attend = make_eager_attend(CONFIG, b.cum_q, b.kv_lens, b.block_table, parallel=ctx)
+    attend = make_eager_attend(CONFIG, b.cum_q, b.kv_lens, b.block_table.to(npu.device), parallel=ctx)
     g = npu.NPUGraph()
     with npu.graph(g):
-        model(b.input_ids, b.positions, b.slot_mapping, cache, attend)
+        model(*(x.to(npu.device) for x in (b.input_ids, b.positions, b.slot_mapping)), cache, attend)
     comm = [n for n in g.nodes if getattr(n, "func", None) is not None
             and n.func.namespace == collective_family]
     kinds = {n.name: n.kind for n in comm}

@@ -13,23 +13,26 @@ from typing import Any, Iterator
 from .. import EMULATED_DEVICE_NAME
 from ..errors import TaskUpdateError
 from ..protocol import Capabilities, DeviceRules, StreamConfig
+from . import tensors
 from .device import EmulatedDevice
 from .graph import NPUGraph as _NPUGraph
-from .graph import TaskGroupHandle, TaskUpdateMode, bound_arguments, graph_context, task_group_begin, task_group_end
+from .graph import TaskGroupHandle, TaskUpdateMode, graph_context, task_group_begin, task_group_end
 from . import collectives, rng
 from .pool import PoolHandle
-from .recorder import OpNode, register_updatable_op
+from .recorder import register_updatable_op
 from .streams import ExternalEvent
 from .streams import Stream as _Stream
 
 name = "emulated"
-device_type = "cpu"
+device = tensors.install()  # torch.device("npu", 0): the emulated NPU's own memory (.tensors)
+device_type = device.type
 # The same CPU kernels on the same shapes: replay equals eager bit for bit. The ranks of a host
 # exchange through shared memory (.collectives), not gloo's loopback TCP.
 capabilities = Capabilities(task_updates=True, bitwise_replay=True, stream_pool=True,
                             reports_executed_arguments=True, collective_ops=lambda: collectives.OPS)
 
 _device = EmulatedDevice()
+tensors.attach(_device)
 _updates: dict[int, TaskUpdateMode] = {}  # stream id -> update in progress
 
 
@@ -42,6 +45,7 @@ def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules |
         mode.__exit__(None, None, None)
     _updates.clear()
     _device = EmulatedDevice(stream_config, rules)
+    tensors.attach(_device)
     rng.REGISTRATION = _device.rules.generator_registration  # type: ignore[assignment]
 
 
@@ -51,6 +55,20 @@ def stream_usage() -> dict[str, Any]:
 
 def memory_report() -> dict[str, Any]:
     return _device.pools.report()
+
+
+def device_work() -> dict[str, int]:
+    """What ran on the device since the last reset: kernels launched (eager device operations
+    and replayed graph operations) and bytes of device memory allocated (graph pools included)."""
+    pools = sum(p.bytes_reserved for p in _device.pools.pools.values())
+    return {"kernels": _device.kernels + _device.replayed_kernels, "bytes_allocated": _device.bytes_allocated + pools}
+
+
+def weak_ref_tensor(tensor: Any) -> Any:
+    """A tensor on the same device memory that does not keep it allocated (vLLM's
+    ``weak_ref_tensors``): a graph pool may hand the block to a later capture once every other
+    holder is gone."""
+    return tensors.weak_ref(tensor)
 
 
 def device_name() -> str:
@@ -141,22 +159,19 @@ def synchronize() -> None:
 
 
 __all__ = [
-    "ExternalEvent", "NPUGraph", "Stream", "current_stream", "graph", "graph_pool_handle",
+    "ExternalEvent", "NPUGraph", "Stream", "current_stream", "device", "device_work", "graph", "graph_pool_handle",
     "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
     "graph_task_update_end", "register_updatable_op", "stream", "synchronize",
-    "manual_seed", "initial_seed", "get_rng_state", "set_rng_state",
+    "manual_seed", "initial_seed", "get_rng_state", "set_rng_state", "weak_ref_tensor",
 ]
 
 
-def executed_host_arguments(npu_graph: _NPUGraph, op_name: str, names: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The host arguments each ``op_name`` node of the graph holds now, in capture order.
+def executed_host_arguments(npu_graph: _NPUGraph, op_name: str, names: tuple[str, ...],
+                            replay: int | None = None) -> list[dict[str, Any]]:
+    """The host arguments each ``op_name`` task-group op ran with in replay number ``replay``
+    (default: the graph's latest), in capture order; empty if that replay has not run yet.
 
-    After a replay these are the values that replay executed with: what the checks compare
-    with the live batch to detect stale host parameters.
-    """
-    found = []
-    for node in npu_graph.nodes:
-        if isinstance(node, OpNode) and node.func._schema.name == op_name:
-            bound = bound_arguments(node.func, node.args, node.kwargs)
-            found.append({name: bound.get(name) for name in names})
-    return found
+    What the checks compare with the live batch to detect stale host parameters: an update
+    issued after the replay ran cannot change it."""
+    ran = npu_graph.executed.get(npu_graph.replays if replay is None else replay, [])
+    return [{name: entry.get(name) for name in names} for entry in ran if entry["op"] == op_name]

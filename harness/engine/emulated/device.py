@@ -63,6 +63,10 @@ class EmulatedDevice:
         self.budget = StreamBudget(stream_config or StreamConfig())
         self.capturing = None  # the Capture in progress, if any
         self.graph_count = 0
+        # What ran on the device (for an item's record: "it ran on the host" must never pass)
+        self.kernels = 0  # device operations run eagerly
+        self.replayed_kernels = 0  # device operations of the graphs replayed
+        self.bytes_allocated = 0  # device memory allocated outside graph pools, in bytes
 
     def new_stream(self, name: str | None = None) -> Stream:
         return Stream(self.scheduler, name)

@@ -13,11 +13,13 @@ from ..errors import CaptureError, EngineError, TaskUpdateError
 from .device import COMM_NAMESPACES, EmulatedDevice
 from . import dispatch_mode, rng
 from .pool import PoolHandle
-from .recorder import (Capture, CaptureMode, EmulatorDispatchMode, OpNode, _frozen, patch_host_reads,
-                       replay_steps)
+from . import tensors
+from .opinfo import frozen
+from .recorder import Capture, CaptureMode, EmulatorDispatchMode, OpNode, replay_steps
 from .streams import Stream
 
 _CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+_EXECUTED_KEPT = 8  # replays whose executed host arguments are kept
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,8 +53,11 @@ class NPUGraph:
         self._captured = False
         self._pool: PoolHandle | None = None
         self._mode: CaptureMode | None = None
-        self._restore = None
         self._stream: Stream | None = None
+        self.replays = 0  # replays launched
+        # What each replay's task-group ops ran with, by replay number (the latest few):
+        # read once the replay has run, it is what the device executed, whatever came after.
+        self.executed: dict[int, list[dict[str, Any]]] = {}
         self.allow_rng = allow_rng
         device.graph_count += 1
         self.name = f"graph#{device.graph_count}"
@@ -83,7 +88,6 @@ class NPUGraph:
         self._capture, self._stream = capture, stream
         stream.capture = capture
         device.capturing = capture
-        self._restore = patch_host_reads(capture)
         self._mode = CaptureMode(capture)
         self._mode.__enter__()
 
@@ -98,22 +102,23 @@ class NPUGraph:
         if failure is not None:
             self._discard()
             raise CaptureError(f"capture of {self.name} was invalidated by an earlier error: {failure}")
+        empty = capture.no_device_work()
+        if empty is not None:
+            self._discard()
+            raise empty
         comm_groups = _communication_groups(capture)
         try:
             self._device.budget.acquire(self.name, self._device.budget.needed_for(len(comm_groups)))
         except Exception:
             self._discard()
             raise
-        capture.release_intermediates()
+        capture.release_unheld()
         self._captured = True
 
     def _finish_recording(self) -> None:
         assert self._mode is not None and self._stream is not None
         self._mode.__exit__(None, None, None)
         self._mode = None
-        if self._restore is not None:
-            self._restore()
-            self._restore = None
         self._stream.capture = None
         self._device.capturing = None
 
@@ -135,7 +140,11 @@ class NPUGraph:
         if not self._captured or self._capture is None:
             raise EngineError(f"replay of {self.name}, which holds no captured graph")
         stream = self._device.current_stream
-        stream.launch(f"replay of {self.name}", replay_steps(self._capture.nodes, self.name))
+        self.replays += 1
+        self._device.replayed_kernels += self._capture.kernels
+        log = self.executed.setdefault(self.replays, [])
+        self.executed.pop(self.replays - _EXECUTED_KEPT, None)
+        stream.launch(f"replay of {self.name}", replay_steps(self._capture.nodes, self.name, log))
 
     def reset(self) -> None:
         if self._mode is not None:
@@ -192,7 +201,7 @@ class NPUGraph:
                         a.name for a in node.func._schema.arguments
                     }:
                         raise TaskUpdateError(f"update of {self.name}: op #{position} ({node.name}) has no argument {name!r}")
-                    changes.append((node, name, _frozen(value)))
+                    changes.append((node, name, frozen(value)))
 
         def apply() -> None:
             for node, name, value in changes:
@@ -249,6 +258,8 @@ class TaskUpdateMode(EmulatorDispatchMode):
         node = self.expected[len(self.changes)]
         if func is not node.func:
             raise TaskUpdateError(f"task update re-issued {func} where the task group captured {node.func}")
+        call = tensors.unwrap_call(func, args, kwargs)
+        args, kwargs = tuple(call.data_args), call.data_kwargs  # the tape holds device data
         captured = bound_arguments(node.func, node.args, node.kwargs)
         given = bound_arguments(func, args, kwargs)
         for name, old in captured.items():
@@ -258,9 +269,10 @@ class TaskUpdateMode(EmulatorDispatchMode):
                     f"task update of {node.name}: argument {name!r} is a different tensor than the one "
                     f"captured ({_describe(new)} vs {_describe(old)}); updates may change host values only"
                 )
-        self.changes.append((node, _frozen(args), _frozen(kwargs)))
+        self.changes.append((node, frozen(args), frozen(kwargs)))
         if node.kind == "functional":
-            return node.outputs[0] if len(node.outputs) == 1 else tuple(node.outputs)
+            outputs = [tensors.wrap(t) for t in node.outputs]
+            return outputs[0] if len(outputs) == 1 else tuple(outputs)
         return None
 
     def apply(self) -> None:

@@ -1,11 +1,16 @@
 """Graph memory pools: where a capture's outputs and intermediates live.
 
-A real graph keeps every tensor it allocated during capture at a fixed address for as long as
-the graph exists. Graphs captured into one shared pool (vLLM captures every bucket into one,
-largest first) may reuse the blocks of earlier graphs that only held intermediates, because
-replays never run concurrently; blocks that still back a tensor the caller holds (a graph's
-outputs) are never handed out again. This module models exactly that, and counts the bytes
-each graph and each pool hold.
+The CUDA caching allocator's private pools, which torch_npu's NPU graphs share the design of
+(``torch.cuda.graph_pool_handle``, ``torch.npu.graph_pool_handle``): graphs captured into one
+pool (vLLM captures every bucket into one, largest first) draw their memory from it, and a block
+is free again as soon as no tensor holds it, whether a graph still writes into it or not. That
+is safe for the graphs, because replays never run at once and a graph's intermediates are dead
+between its replays; it is unsafe for a caller who kept only a weak reference to a graph's
+output (vLLM's ``weak_ref_tensors``) and reads it after another graph of the pool has replayed.
+This module keeps exactly that rule: a block is held by the live device tensors on it
+(:meth:`Block.hold`; the tape of a graph holds none), is offered to later allocations the
+moment the last one is gone (also in the middle of a capture, as the allocator does), and is
+never handed out while one lives. It counts the bytes each graph and each pool reserve.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -51,12 +57,22 @@ def nbytes_for(size: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtyp
 
 @dataclass(eq=False)
 class Block:
+    """One allocation of a pool, and how many live device tensors hold it."""
+
     storage: torch.UntypedStorage
     owner: str  # the graph that first allocated it
+    pool: "MemoryPool | None" = None
+    holders: int = 0
 
     @property
     def nbytes(self) -> int:
         return self.storage.nbytes()
+
+    def hold(self, tensor: torch.Tensor) -> None:
+        """``tensor`` lives on this block: the block is not free again until it is gone."""
+        self.holders += 1
+        if self.pool is not None:
+            self.pool.watch(tensor, self)
 
 
 @dataclass(eq=False)
@@ -73,6 +89,8 @@ class MemoryPool:
     _free: list[tuple[int, int, Block]] = field(default_factory=list)  # (nbytes, order, block)
     _free_ids: set[int] = field(default_factory=set)
     _order: "itertools.count[int]" = field(default_factory=itertools.count)
+    _watched: dict[int, "weakref.ref[torch.Tensor]"] = field(default_factory=dict)
+    _graph_blocks: dict[str, set[int]] = field(default_factory=dict)  # graph -> ids of the blocks it used
 
     @property
     def free(self) -> list[Block]:
@@ -92,11 +110,14 @@ class MemoryPool:
         need = nbytes_for(size, stride, dtype) if nbytes is None else nbytes
         block = self._take_free(need)
         if block is None:
-            block = Block(torch.UntypedStorage(max(need, 1)), owner=graph)
+            block = Block(torch.UntypedStorage(max(need, 1)), owner=graph, pool=self)
             self.blocks.append(block)
         tensor = torch.empty(0, dtype=dtype).set_(block.storage, 0, size, stride)
         _poison(tensor)
-        self.graph_bytes[graph] = self.graph_bytes.get(graph, 0) + block.nbytes
+        used = self._graph_blocks.setdefault(graph, set())
+        if id(block) not in used:  # a block the graph reuses (an intermediate that died) counts once
+            used.add(id(block))
+            self.graph_bytes[graph] = self.graph_bytes.get(graph, 0) + block.nbytes
         return tensor, block
 
     def _take_free(self, need: int) -> Block | None:
@@ -108,18 +129,31 @@ class MemoryPool:
         return best
 
     def _offer(self, block: Block) -> None:
-        if id(block) in self._free_ids:
+        if block.holders or id(block) in self._free_ids:
             return
         self._free_ids.add(id(block))
         bisect.insort(self._free, (block.nbytes, next(self._order), block), key=lambda e: e[:2])
 
+    def watch(self, tensor: torch.Tensor, block: Block) -> None:
+        """Free ``block`` for reuse once ``tensor`` and every other holder of it are gone."""
+
+        def gone(ref: "weakref.ref[torch.Tensor]") -> None:
+            self._watched.pop(id(ref), None)
+            block.holders -= 1
+            self._offer(block)
+
+        ref = weakref.ref(tensor, gone)
+        self._watched[id(ref)] = ref
+
     def release(self, blocks: list[Block]) -> None:
-        """Offer blocks that back only graph-internal tensors to later captures."""
+        """Offer the blocks no tensor holds (a capture's allocations it never handed out)."""
         for block in blocks:
             self._offer(block)
 
     def forget_graph(self, graph: str, blocks: list[Block]) -> None:
+        """A graph reset or discarded: its blocks are free once no tensor holds them."""
         self.graph_bytes.pop(graph, None)
+        self._graph_blocks.pop(graph, None)
         for block in blocks:
             self._offer(block)
 

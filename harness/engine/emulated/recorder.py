@@ -1,51 +1,52 @@
 """Capture: record the device work of a forward once, as a tape of nodes.
 
-A ``TorchDispatchMode`` sees every aten (and custom ``torch.library``) op below autograd. During
-a capture nothing visible is computed; each op becomes a node, and the tape is what a replay runs:
+A ``TorchDispatchMode`` sees every aten (and custom ``torch.library``) op below autograd, on
+host and device tensors alike. A capture records only work issued to the device, as a real graph
+does; what happens to each op:
 
-* tensor arguments are kept by reference, i.e. bound by address: a replay reads their current
-  contents and writes in place, and rebinding a Python variable to another tensor changes
-  nothing, exactly as on hardware;
+* host work (no device tensor in, none out) runs at once, on the host, and is not captured: a
+  replay will not repeat it. A capture that recorded no device work at all is refused at its end
+  (:class:`CaptureError`, naming the host operations that ran instead): the forward's model or
+  inputs were in host memory, and every replay would hand back what the capture left;
+* a host tensor mixed with device tensors raises as eagerly (:mod:`.tensors`);
+* device tensor arguments are kept by reference (their host data, see :mod:`.tensors`), i.e.
+  bound by address: a replay reads their current contents and writes in place, and rebinding a
+  Python variable to another tensor changes nothing, exactly as on hardware;
 * every other argument (ints, floats, lists such as ``actual_seq_lengths``) is deep-copied:
   frozen at its capture-time value;
 * functional ops get outputs allocated from the graph's memory pool, filled with poison: they
-  hold no valid data until the first replay. Their shapes come from shape inference, memoized
-  per op signature: an aten op runs once on the host and its values are thrown away (cheaper
-  than aten's Python meta kernels); collectives and ``torch.library`` ops use meta tensors;
+  hold no valid data until the first replay. Their shapes come from shape inference
+  (:mod:`.opinfo`, memoized per op signature);
 * ops that write their arguments (in-place, ``.out``) are not run: capture has no visible side
   effect; replay runs them once each;
 * views are made now (they compute nothing) and skipped on replay, since they alias storage
   that the replay fills in place; so are pure allocations (``empty``, ``empty_like``), which
   launch no kernel: their memory keeps whatever the last replay wrote;
-* host synchronisations (``.item()``, ``bool(t)``, ``torch.equal``, ``nonzero``, boolean-mask
-  indexing, ``.tolist()``, ``.numpy()``) raise :class:`CaptureError` with the runtime's message;
-  so do RNG ops unless the capture allows them.
+* host reads of device memory (``.item()``, ``bool(t)``, ``torch.equal``, ``nonzero``,
+  boolean-mask indexing, ``.tolist()``, ``.cpu()``) and blocking copies from host memory raise
+  :class:`CaptureError` with the runtime's message; so do RNG ops unless the capture allows them.
+  A ``non_blocking`` copy from host memory is captured: every replay reads the host buffer anew.
 """
 
 from __future__ import annotations
 
-import copy
-import sys
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map
 
 from ..errors import CAPTURE_SYNC_MESSAGE, CaptureError
-from . import dispatch_mode, rng
-from .pool import Block, MemoryPool, nbytes_for
+from . import dispatch_mode, rng, tensors
+from .opinfo import BOOL_INDEX_OPS, OP_INFO, OpInfo, TensorSpec, frozen, frozen_args, has_bool_index, infer_outputs, \
+    op_info, tensors_in
+from .pool import Block, MemoryPool
 from .streams import ExternalEvent, WaitFor
 
 NodeKind = Literal["functional", "mutating", "view", "allocation"]
 
-_BOOL_INDEX_OPS = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
-
-#: Pure allocations launch no kernel on a device: a replay must leave their memory alone.
-_ALLOCATION_OPS = {"aten::empty", "aten::empty_like", "aten::new_empty", "aten::empty_strided",
-                   "aten::new_empty_strided", "aten::empty_permuted"}
+#: Host operations a capture notes by name for its "no device work" error (the rest are counted).
+_HOST_OPS_NAMED = 3
 
 #: Ops whose host arguments a graph captured with ``auto_dispatch_capture=True`` may update.
 #: ``harness.ops`` registers the FIA op here; the engine knows nothing about attention.
@@ -82,12 +83,20 @@ class OpNode:
                 return
         raise KeyError(f"{self.name} has no argument {name!r}")
 
+    def host_arguments(self) -> dict[str, Any]:
+        """The op's schema name and its non-tensor arguments by name, as the tape holds them now."""
+        names = [a.name for a in self.func._schema.arguments]
+        bound = dict(zip(names, self.args))
+        bound.update(self.kwargs)
+        return {"op": self.func._schema.name,
+                **{k: v for k, v in bound.items() if not isinstance(v, torch.Tensor)}}
+
     def run(self) -> None:
         if self.kind in ("view", "allocation"):
             return
         result = self.func(*self.args, **self.kwargs)
         if self.kind == "functional":
-            for captured, fresh in zip(self.outputs, _tensors(result)):
+            for captured, fresh in zip(self.outputs, tensors_in(result)):
                 if self.func.namespace == "_c10d_functional":
                     # An asynchronous collective: its result is valid only once waited on, and
                     # the tape's own wait_tensor waits on the captured buffer, not this one.
@@ -105,168 +114,8 @@ class EventNode:
 Node = OpNode | EventNode
 
 
-def _is_write(arg: torch._C.Argument) -> bool:
-    return arg.alias_info is not None and arg.alias_info.is_write
-
-
-#: Host values that cannot change after capture: kept as they are, never copied.
-_IMMUTABLE = (int, float, bool, str, complex, type(None), torch.dtype, torch.device, torch.layout,
-              torch.memory_format)
-#: Exact types kept by reference by :func:`_frozen` (tensors: bound by address; the rest immutable).
-_KEPT = frozenset({*_IMMUTABLE, torch.Tensor, torch.nn.Parameter, torch.Size})
-
-
-#: Element types of a flat host list (``actual_seq_lengths``: up to max_num_seqs ints) that
-#: the walks below handle at C speed, without a Python call per element.
-_SCALARS = frozenset({int, float, bool})
-
-
-def _flat_scalars(value: list | tuple) -> bool:
-    return set(map(type, value)) <= _SCALARS
-
-
-def _frozen(value: Any) -> Any:
-    """Deep-copy everything but tensors: host values are frozen at capture time."""
-    kind = type(value)
-    if kind in _KEPT or isinstance(value, torch.Tensor):
-        return value
-    if kind is tuple or kind is list:
-        if _flat_scalars(value):
-            return value if kind is tuple else list(value)
-        return kind(_frozen(v) for v in value)
-    if isinstance(value, (list, tuple)):
-        return kind(_frozen(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _frozen(v) for k, v in value.items()}
-    return copy.deepcopy(value)
-
-
-def _frozen_args(args: tuple) -> tuple:
-    """:func:`_frozen` for a positional-argument tuple, which is most often tensors and ints."""
-    for value in args:
-        if type(value) not in _KEPT:
-            return tuple(_frozen(v) for v in args)
-    return args
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    """The tensors in an op's arguments or results (a plain walk: pytree is slow per op)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    found: list[torch.Tensor] = []
-    _collect(value, found)
-    return found
-
-
-def _collect(value: Any, found: list[torch.Tensor]) -> None:
-    if isinstance(value, (list, tuple)):
-        if _flat_scalars(value):
-            return
-        for v in value:
-            if isinstance(v, torch.Tensor):
-                found.append(v)
-            elif isinstance(v, (list, tuple, dict)):
-                _collect(v, found)
-    elif isinstance(value, dict):
-        _collect(list(value.values()), found)
-    elif isinstance(value, torch.Tensor):
-        found.append(value)
-
-
-def _to_meta(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
-    return value
-
-
-@dataclass(frozen=True)
-class _TensorSpec:
-    """What shape inference says of one output: enough to allocate it from a pool."""
-
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: torch.dtype
-    nbytes: int
-
-
-def _signature(value: Any) -> Any:
-    """A hashable key of everything an op's shape inference can read from its arguments.
-
-    Tensors contribute their metadata (never their values: an op whose output shape depends on
-    values is rejected as a host sync before inference). Raises TypeError for unhashable hosts.
-    """
-    if isinstance(value, torch.Tensor):
-        return (value.shape, value.stride(), value.dtype, value.device, value.storage_offset())
-    if isinstance(value, (list, tuple)):
-        if _flat_scalars(value):  # types too: 1, 1.0 and True are equal keys
-            return (type(value), tuple(map(type, value)), tuple(value))
-        return (type(value), *map(_signature, value))
-    if isinstance(value, dict):
-        return tuple((k, _signature(v)) for k, v in value.items())
-    if not isinstance(value, _IMMUTABLE):
-        raise TypeError(f"no signature for {type(value).__name__}")
-    return (type(value), value)
-
-
-def _spec_of(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        shape, stride = tuple(value.shape), tuple(value.stride())
-        return _TensorSpec(shape, stride, value.dtype, nbytes_for(shape, stride, value.dtype))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_spec_of(v) for v in value)
-    return value
-
-
-#: Shape inference results per (op, argument signature), for the whole process: a 40-layer
-#: model issues the same few signatures thousands of times, and inference is pure.
-_INFERRED: dict[Any, Any] = {}
-_INFERRED_MAX = 100_000
-
-
-@dataclass(frozen=True)
-class _OpInfo:
-    """What :meth:`Capture.record` needs to know about an op, read once from its schema."""
-
-    name: str
-    host_returns: bool
-    data_dependent: bool
-    rng: bool
-    inplace_view: bool
-    writes: bool
-    view: bool
-    allocation: bool
-    run_to_infer: bool  # an aten op without RNG: its CPU kernel is the cheapest shape inference
-    guarded: bool  # whether Capture._guard has anything to check (host syncs, RNG)
-
-
-_OP_INFO: dict[Any, _OpInfo] = {}
-
-
-def _op_info(func: torch._ops.OpOverload) -> _OpInfo:
-    info = _OP_INFO.get(func)
-    if info is None:
-        schema, tags = func._schema, func.tags
-        rng = torch.Tag.nondeterministic_seeded in tags
-        host_returns = any(str(r.type) not in ("Tensor", "Tensor[]", "Tensor?") for r in schema.returns)
-        data_dependent = torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags
-        info = _OpInfo(
-            name=schema.name,
-            host_returns=host_returns,
-            data_dependent=data_dependent,
-            rng=rng,
-            inplace_view=torch.Tag.inplace_view in tags,
-            writes=any(_is_write(a) for a in schema.arguments),
-            view=bool(schema.returns) and all(r.alias_info is not None for r in schema.returns),
-            allocation=schema.name in _ALLOCATION_OPS,
-            run_to_infer=func.namespace == "aten" and not rng,
-            guarded=host_returns or data_dependent or rng or schema.name in _BOOL_INDEX_OPS,
-        )
-        _OP_INFO[func] = info
-    return info
-
-
 class Capture:
-    """The tape being recorded for one graph, plus what it allocated."""
+    """The tape being recorded for one graph, plus what it allocated and what ran on the host."""
 
     def __init__(self, graph_name: str, pool: MemoryPool, *, auto_dispatch: bool, allow_rng: bool,
                  error_mode: str, sync_invalidates: bool = True) -> None:
@@ -280,11 +129,14 @@ class Capture:
         self.sync_invalidates = sync_invalidates
         self.nodes: list[Node] = []
         self.blocks: list[Block] = []
-        self.allocated: list[torch.Tensor] = []  # tensors made during capture (pool + views)
         self.groups: dict[int, list[int]] = {}
         self._open_group: int | None = None
         self.failed: CaptureError | None = None
         self.owner: Any = None  # weak reference to the graph being captured
+        self.kernels = 0  # device operations recorded (views and allocations launch none)
+        self.host_ops = 0  # operations that ran on the host instead
+        self.host_ops_named: list[str] = []
+        self._blocks_by_id: dict[int, Block] = {}  # a pool tensor just allocated -> its block
 
     # -- recording ---------------------------------------------------------------------------
     def add_event_node(self, kind: str, event: ExternalEvent) -> None:
@@ -314,40 +166,69 @@ class Capture:
         raise error
 
     def record(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-        info = _OP_INFO.get(func) or _op_info(func)
+        info = OP_INFO.get(func) or op_info(func)
+        call = tensors.unwrap_call(func, args, kwargs)
+        if not call.on_device and not call.to_device:
+            return self._on_host(func, info, args, kwargs)
         if info.guarded:
-            self._guard(func, info, args)
+            self._guard(info, call.data_args)
+        if call.to_host:
+            self.host_sync(f"{info.name} copies device memory to the host")
+        if call.host is not None and info.name == "aten::copy_" and not tensors.non_blocking(args, kwargs):
+            self.host_sync(f"{info.name}: a blocking copy from host memory")
         # Allowed? Which generator must the replay draw from? (see .rng)
         generator = rng.random_op_generator(self, info.name, kwargs) if info.rng else None
         if info.inplace_view:  # metadata-only (t_, squeeze_): apply now, never again
-            return func(*args, **kwargs)
+            return tensors.apply_inplace_view(func, args, call)
 
-        node = OpNode(len(self.nodes), func, _frozen_args(args), _frozen(kwargs) if kwargs else {},
-                      "functional")
+        node = OpNode(len(self.nodes), func, frozen_args(tuple(call.data_args)),
+                      frozen(call.data_kwargs) if call.data_kwargs else {}, "functional")
         if generator is not None:
             node.kwargs["generator"] = generator  # live, not a frozen copy: replays advance it
         if info.writes:
             node.kind = "mutating"
-            result = self._aliased_returns(func, args, kwargs)
+            result = self._aliased_returns(func, args, kwargs, call)
         elif info.view:
             node.kind = "view"
-            result = func(*args, **kwargs)
-            self.allocated.extend(_tensors(result))
+            base = next((a for a in args if tensors.is_device_tensor(a)), None)
+            block = base._block if base is not None else None
+            result = _map_tensors(func(*call.data_args, **call.data_kwargs), lambda t: tensors.wrap(t, block))
         else:
-            result = self._allocate_outputs(func, args, kwargs)
-            node.outputs = _tensors(result)
+            outputs = self._allocate(infer_outputs(func, call.data_args, call.data_kwargs))
+            node.outputs = tensors_in(outputs)
             if info.allocation:
                 node.kind = "allocation"
+            result = _map_tensors(outputs, lambda t: tensors.wrap(t, self._blocks_by_id.pop(id(t))))
+        if node.kind in ("functional", "mutating"):
+            self.kernels += 1
         self._add(node, info.name)
         return result
 
-    def _guard(self, func: torch._ops.OpOverload, info: _OpInfo, args: tuple) -> None:
+    def _on_host(self, func: torch._ops.OpOverload, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+        """Host work during a capture: it runs now and is not in the graph (as on a device)."""
+        self.host_ops += 1
+        if len(self.host_ops_named) < _HOST_OPS_NAMED and not info.view and not info.allocation:
+            shapes = [list(t.shape) for t in tensors_in(args)[:2]]
+            self.host_ops_named.append(f"{info.name}" + (f" on host tensors of shape {shapes}" if shapes else ""))
+        return func(*args, **kwargs)
+
+    def no_device_work(self) -> CaptureError | None:
+        """The error for a capture that recorded no device operation, else None."""
+        if self.kernels:
+            return None
+        ran = (f"; {self.host_ops} operation(s) ran on the host instead (first: {', '.join(self.host_ops_named)})"
+               if self.host_ops else "")
+        return CaptureError(
+            f"captured graph {self.graph_name} has no device work{ran}: its model or inputs are in host memory, "
+            "so every replay would launch nothing and hand back what the capture left")
+
+    def _guard(self, info: OpInfo, data_args: list[Any]) -> None:
         """Host syncs: what a capture must refuse (random ops: :func:`.rng.random_op_generator`)."""
         if info.host_returns:
             self.host_sync(f"{info.name} returns a host value")
         if info.data_dependent:
             self.host_sync(f"{info.name} has a data-dependent result")
-        if info.name in _BOOL_INDEX_OPS and _has_bool_index(args):
+        if info.name in BOOL_INDEX_OPS and has_bool_index(tuple(data_args)):
             self.host_sync(f"boolean-mask indexing ({info.name})")
 
     def _add(self, node: OpNode, name: str) -> None:
@@ -362,7 +243,8 @@ class Capture:
             self.groups[node.group].append(node.index)
         self.nodes.append(node)
 
-    def _aliased_returns(self, func, args, kwargs) -> Any:
+    def _aliased_returns(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict, call: Any) -> Any:
+        """What an in-place or ``out=`` op returns: the caller's own tensors (never run here)."""
         schema = func._schema
         if not schema.returns:  # e.g. FIA .out, reshape_and_cache: nothing to hand back
             return None
@@ -371,107 +253,37 @@ class Capture:
         outs = []
         for ret in schema.returns:
             if ret.alias_info is None:
-                return self._allocate_outputs(func, args, kwargs)
+                outputs = self._allocate(infer_outputs(func, call.data_args, call.data_kwargs))
+                return _map_tensors(outputs, lambda t: tensors.wrap(t, self._blocks_by_id.pop(id(t))))
             source = next(a for a in schema.arguments if a.alias_info and a.alias_info.before_set == ret.alias_info.before_set)
             outs.append(bound[source.name])
         if not outs:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _allocate_outputs(self, func, args, kwargs) -> Any:
-        return self._allocate(_infer_outputs(func, args, kwargs))
-
     def _allocate(self, spec: Any) -> Any:
-        """Pool tensors in the structure of ``spec`` (non-tensor outputs are kept as they are)."""
-        if type(spec) is _TensorSpec:
-            tensor, block = self.pool.allocate(spec.shape, spec.stride, spec.dtype, self.graph_name, spec.nbytes)
+        """Pool memory in the structure of ``spec`` (non-tensor outputs are kept as they are)."""
+        if type(spec) is TensorSpec:
+            data, block = self.pool.allocate(spec.shape, spec.stride, spec.dtype, self.graph_name, spec.nbytes)
             self.blocks.append(block)
-            self.allocated.append(tensor)
-            return tensor
+            self._blocks_by_id[id(data)] = block
+            return data
         if isinstance(spec, (list, tuple)):
             return type(spec)(self._allocate(s) for s in spec)
         return spec
 
-    # -- end of capture ----------------------------------------------------------------------
-    def release_intermediates(self) -> None:
-        """Return blocks that back no tensor the caller still holds to the pool.
-
-        Reference counting decides liveness, as the caching allocator does: a tensor held only
-        by the tape is an intermediate; one the caller holds is an output and keeps its block.
-        """
-        held: list[torch.Tensor] = list(self.allocated)  # every reference the tape holds
-        for node in self.nodes:
-            if isinstance(node, OpNode):
-                _collect(node.args, held)
-                if node.kwargs:
-                    _collect(node.kwargs, held)
-                held.extend(node.outputs)
-        internal = Counter(map(id, held))
-        del held  # its references would count as the caller's
-        live = set()
-        for t in self.allocated:
-            # getrefcount's own argument and the loop variable account for 2 references.
-            if sys.getrefcount(t) - 2 > internal[id(t)]:
-                live.add(t.untyped_storage().data_ptr())
-        self.pool.release([b for b in self.blocks if b.storage.data_ptr() not in live])
+    def release_unheld(self) -> None:
+        """At the end of the capture: blocks allocated but never handed out are free at once."""
+        self.pool.release(self.blocks)
+        self._blocks_by_id.clear()
 
 
-def _has_bool_index(args: tuple) -> bool:
-    return any(t.dtype in (torch.bool, torch.uint8) for t in _tensors(args[1:]))
-
-
-def _infer_outputs(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-    """The outputs' shapes, strides and dtypes (as :class:`_TensorSpec` in the result's structure).
-
-    Memoized per signature. On a miss an aten op runs once on its arguments and its values are
-    thrown away: a functional op changes nothing it is given, and on CPU its kernel is far
-    cheaper than the Python meta kernels (refs, prims) that aten's elementwise ops resolve to
-    on the meta device, which would also import torch._dynamo and sympy on first use. Other
-    ops (collectives, ``torch.library`` ops) and any op that cannot run on the capture's
-    contents (pool memory is poisoned) are inferred on meta tensors.
-    """
-    try:
-        key = (func, _signature(args), _signature(kwargs))
-    except TypeError:
-        key = None
-    spec = _INFERRED.get(key) if key is not None else None
-    if spec is None:
-        spec = _spec_of(_run_for_shapes(func, args, kwargs))
-        if key is not None:
-            if len(_INFERRED) >= _INFERRED_MAX:
-                _INFERRED.clear()
-            _INFERRED[key] = spec
-    return spec
-
-
-def _collective_shape(func: torch._ops.OpOverload, args: tuple) -> Any:
-    """Outputs of the functional collectives whose rule is plain, without their meta kernels.
-
-    Those kernels are Python references that import sympy (about 1 s) in every fresh rank.
-    """
-    name = func._schema.name
-    if name == "_c10d_functional::wait_tensor":
-        return args[0]  # the waited tensor itself
-    if name == "_c10d_functional::all_gather_into_tensor":
-        x, group_size = args[0], args[1]
-        return torch.empty((group_size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device="meta")
-    return None
-
-
-def _run_for_shapes(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-    if func.namespace == "_c10d_functional" and not kwargs:
-        shaped = _collective_shape(func, args)
-        if shaped is not None:
-            return shaped
-    if _op_info(func).run_to_infer:
-        try:
-            return func(*args, **kwargs)
-        except Exception:  # noqa: BLE001 - e.g. an index read from poisoned memory; meta next
-            pass
-    try:
-        return func(*tree_map(_to_meta, args), **tree_map(_to_meta, kwargs))
-    except (NotImplementedError, RuntimeError):
-        return func(*args, **kwargs)  # no meta kernel: the values are discarded
+def _map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    return value
 
 
 class EmulatorDispatchMode(TorchDispatchMode):
@@ -498,11 +310,17 @@ class CaptureMode(EmulatorDispatchMode):
         return self.capture.record(func, args, kwargs or {})
 
 
-def replay_steps(nodes: list[Node], label: str) -> Iterator[WaitFor]:
-    """The device side of a replay: run the tape, stopping at event waits."""
+def replay_steps(nodes: list[Node], label: str, executed: list[dict[str, Any]] | None = None) -> Iterator[WaitFor]:
+    """The device side of a replay: run the tape, stopping at event waits.
+
+    ``executed`` receives, for each op of a task group or of an updatable kind (FIA), the op's
+    name and host arguments as it ran them: what a host-parameter check must compare, since an
+    update may change them later."""
     for node in nodes:
         if isinstance(node, OpNode):
             node.run()
+            if executed is not None and (node.group is not None or node.func._schema.name in UPDATABLE_OPS):
+                executed.append(node.host_arguments())
         elif node.kind == "rng":  # save/restore a generator state (.rng)
             node.run()
         elif node.kind == "wait":
@@ -519,26 +337,3 @@ def _next_op(nodes: list[Node], index: int) -> str:
         if isinstance(node, OpNode) and node.kind != "view":
             return f"before {node.name}"
     return "at the end of the graph"
-
-
-def patch_host_reads(capture: Capture) -> Callable[[], None]:
-    """``.tolist()`` and ``.numpy()`` bypass the dispatcher; guard them while capturing."""
-    originals = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy")}
-
-    def guarded(name: str):
-        original = originals[name]
-
-        def method(self, *args, **kwargs):
-            capture.host_sync(f"Tensor.{name}()")
-            return original(self, *args, **kwargs)
-
-        return method
-
-    for name in originals:
-        setattr(torch.Tensor, name, guarded(name))
-
-    def restore() -> None:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
-
-    return restore

@@ -1,13 +1,21 @@
 """Streams, external events and the scheduler that runs queued device work.
 
-CPU execution is synchronous, but the bugs this harness hunts live in the ordering between
-streams (a replay on the compute stream against host-parameter updates on an update stream),
-so streams are modelled as FIFO queues of work items. A work item is a generator that yields a
-:class:`WaitFor` whenever it reaches an event wait; the scheduler advances every stream as far
-as it can after each enqueue, so work that is not blocked completes at once, as eager code
-expects. Work that can never be unblocked is reported at the next synchronisation point as a
-hang that names the graph and the operation it is stuck at, instead of running with stale
-values.
+A device runs its work asynchronously: the host issues it to a stream and goes on, and the work
+runs later, in stream order, ordered across streams only by events. The bugs this harness hunts
+live in that gap (a host-parameter update on an update stream racing the replay it is meant for,
+a static buffer rewritten before the replay that reads it has run), so the emulated device keeps
+it: a stream is a FIFO queue of work items, and queued work runs only when the host waits for
+it: ``synchronize()``, ``Stream.synchronize()``, a host read of device memory or a blocking copy
+(:mod:`.tensors`). Until then the host sees nothing of it. A work item is a generator that yields
+a :class:`WaitFor` whenever it reaches an event wait; at a wait point the scheduler advances
+every stream as far as events allow, each stream in turn as far as it goes (so a stream with no
+waits, such as an update stream, runs ahead of a replay that waits on it, which is one of the
+orders a device may take). Work that can never be unblocked is reported at the wait point as a
+hang that names the graph and the operation it is stuck at, instead of running with stale values.
+
+An eager operation issued while its stream has no queued work runs at once: nothing on that
+stream can come before it, and no other stream's work is ordered against it without an event,
+so running it now is an order the device may take too (and the cheap one).
 """
 
 from __future__ import annotations
@@ -57,8 +65,8 @@ class Scheduler:
         self._streams.append(stream)
 
     def enqueue(self, stream: "Stream", label: str, steps: Iterator[WaitFor]) -> None:
+        """Queue work on ``stream``; it runs when the host next waits (see the module docstring)."""
         stream.queue.append(WorkItem(label, steps))
-        self.run()
 
     def run(self) -> None:
         """Advance all streams until every queue is empty or blocked on an unrecorded event."""
@@ -96,12 +104,23 @@ class Scheduler:
     def pending(self) -> list[tuple["Stream", WorkItem]]:
         return [(s, item) for s in self._streams for item in s.queue]
 
+    def drain(self, stream: "Stream") -> None:
+        """The host waits for ``stream``: run queued work until that stream's queue is empty
+        (other streams run as far as they can on the way); a hang if it can never empty."""
+        if not stream.queue:
+            return
+        self.run()
+        if stream.queue:
+            self._hang(self.pending())
+
     def synchronize(self) -> None:
         """Drain all queues; raise :class:`GraphHangError` for work that can never finish."""
         self.run()
         stuck = self.pending()
-        if not stuck:
-            return
+        if stuck:
+            self._hang(stuck)
+
+    def _hang(self, stuck: list[tuple["Stream", WorkItem]]) -> None:
         lines = []
         for stream, item in stuck:
             if item.waiting is not None:
@@ -148,7 +167,8 @@ class Stream:
         self.launch(label, steps())
 
     def synchronize(self) -> None:
-        self._scheduler.synchronize()
+        """The host waits for this stream's work (and what it waits on), not the device's."""
+        self._scheduler.drain(self)
 
     def query(self) -> bool:
         self._scheduler.run()
