@@ -68,7 +68,8 @@ def main() -> None:
         from harness.pytest_matrix import unsupported
         from harness.scenario import load_scenario_file
         from harness.scenario.cross import select
-        from harness.session import run_point, world_size
+        from harness.resolve import resolve_item
+        from harness.session import run_point
 
         path = Path(__file__).resolve().parents[1] / "scenarios" / "cross_product" / "cross_product.yaml"
         points = {p.id: p for p in load_scenario_file(
@@ -76,7 +77,7 @@ def main() -> None:
         run_point(points[ITEMS[1]])  # warm-up: lazy imports of the single-rank path
         for world, point_id in ITEMS.items():
             point = points[point_id]
-            assert world_size(point.scenario) == world, point_id
+            assert resolve_item(point.scenario).world_size == world, point_id
             result = run_point(point)
             print(f"world {world:2d} {point_id}: {result.duration:.2f} s = {result.duration / unit:.2f}x "
                   f"({result.outcome})")

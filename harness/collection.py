@@ -19,7 +19,6 @@ from typing import Any
 
 from harness.graph.modes import parse_mode
 from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, load_scenario_file, locate
-from harness.scenario.bounds import MAX_WORLD_SIZE
 from harness.scenario.yaml_source import compose_text, read_source
 
 __all__ = ["collect_points", "names_a_mode", "parse_modes", "preflight_point"]
@@ -84,18 +83,20 @@ def collect_points(path: str | Path, modes: list[str] | None = None,
 
 
 def preflight_point(path: str | Path, point: ScenarioPoint) -> None:
-    """Problems only the harness can see, located like the loader's errors."""
-    from harness.session import preflight, unsupported_reason, world_size
+    """Problems only the harness can see (the point's resolution), located like the loader's errors."""
+    from harness.resolve import ItemProblem, PointSkipped, resolve_item
 
     scenario = point.scenario
-    problem = preflight(scenario)
-    # a point reported as skipped (by design, or unsupported) starts no process
-    if problem is None and scenario.expect.outcome != "skip" and unsupported_reason(scenario) is None:
-        world = world_size(scenario)
-        if world > MAX_WORLD_SIZE:
-            problem = ("features", f"the features need {world} ranks (one process each), above the "
-                                   f"maximum world size of {MAX_WORLD_SIZE}")
-        problem = problem or _dispatch_rank_problem(scenario, world)
+    problem: tuple[str, str] | None = None
+    try:
+        item = resolve_item(scenario)
+    except ItemProblem as error:
+        problem = (error.field, error.message)
+    except PointSkipped:
+        pass  # a point that cannot run is skipped with its reason: nothing wrong with the file
+    else:
+        if scenario.expect.outcome != "skip":
+            problem = _dispatch_rank_problem(scenario, item.world_size)
     if problem:
         field, message = problem
         where = f" [matrix point {point.id}]" if point.id else ""

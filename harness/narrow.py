@@ -153,7 +153,7 @@ def _defaults() -> dict[str, Any]:
 
 
 def active_feature_names(data: dict[str, Any]) -> list[str]:
-    from harness.session import scenario_features
+    from harness.resolve import scenario_features
 
     return [feature.name for feature in scenario_features(Scenario.model_validate(data))]
 
@@ -347,7 +347,7 @@ def narrow(point: ScenarioPoint, *, runner: Runner, target: str = "", check: str
 
 def _rank_weight(name: str, data: dict[str, Any]) -> int:
     """How many ranks a feature multiplies the world by (1 for features that add no ranks)."""
-    from harness.session import scenario_features
+    from harness.resolve import scenario_features
 
     for feature in scenario_features(Scenario.model_validate(data)):
         if feature.name == name:

@@ -171,7 +171,7 @@ class ScenarioItem(pytest.Item):
         self.point = point
         scenario = point.scenario
         self.add_marker(scenario.graph.mode.lower())
-        from harness.session import scenario_features
+        from harness.resolve import scenario_features
 
         try:
             active = scenario_features(scenario)

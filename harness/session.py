@@ -21,27 +21,21 @@ import torch
 import harness
 from harness.checks import CHECKS, EXECUTION, CheckName, CheckResult, run_checks
 from harness.checks.dispatch_table import check_dispatch_table, summarize_mismatches
-from harness.engine import DeviceRules, StreamConfig, UnsupportedOnBackend, load, resolve
-from harness import features as registry
-from harness.features import Feature, active_features
+from harness.engine import DeviceRules, Engine, StreamConfig, UnsupportedOnBackend, load, resolve
 from harness.features.layout import axis_sizes, describe, rank_context, runs_reference
-from harness.graph.capture_sizes import EngineRefusal, SizeResolution, resolve_sizes
-from harness.graph.modes import CUDAGraphMode, parse_mode
 from harness.graph.pipeline import GraphConfig, PipelineSpec, Workload, run_pipeline
-from harness.graph.plan import dummy_request_lens
 from harness.graph.record import ErrorCategory, PathError, RunRecord
 from harness.graph.runner import Fixes
 from harness.graph.scheduler import RequestPlan
-from harness.graph.stream_budget import stream_budget
 from harness.graph.shape import SINGLE_RANK, RankContext
-from harness.model import DecoderLM, ModelConfig
-from harness.model.parallel import ParallelContext, tp_split_problem, use_collective_ops
+from harness.model import DecoderLM
+from harness.model.parallel import ParallelContext, use_collective_ops
 from harness.ranks import run_ranks
 from harness.ops import set_native_impl, set_native_paged_attention
+from harness.resolve import ItemProblem, PointSkipped, ResolvedItem, resolve_item
 from harness.scenario import Scenario, ScenarioPoint, locate
-from harness.scenario.bounds import MAX_WORLD_SIZE
 from harness.scenario.limits import rank_timeout
-from harness.stacks import StackProfile, profile
+from harness.stacks import StackProfile
 
 #: Outcomes, in pytest's vocabulary.
 PASSED, FAILED, XFAILED, SKIPPED = "passed", "failed", "xfailed", "skipped"
@@ -90,82 +84,25 @@ def backend_problem(backend: str) -> str | None:
     return None
 
 
-def unsupported_reason(scenario: Scenario) -> str | None:
-    """Why a point cannot run here (the item is then skipped with this reason)."""
-    data = scenario.model_dump(mode="json")
-    for feature in scenario_features(scenario):
-        reason = feature.unsupported(data)
-        if reason:
-            return f"{feature.name}: {reason}"
-    return None
-
-
-def scenario_features(scenario: Scenario) -> list[Feature]:
-    """The scenario's enabled features, each with its typed settings and fix switches."""
-    settings = {name: getattr(scenario.features, name) for name in scenario.features.model_dump()}
-    return active_features(settings, scenario.fixes.model_dump())
-
-
-def model_config(scenario: Scenario) -> ModelConfig:
-    m = scenario.model
-    return ModelConfig(kind=m.kind, num_layers=m.layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
-                       num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, vocab_size=m.vocab_size,
-                       dtype=m.dtype, seed=m.seed, block_size=m.block_size, num_blocks=m.num_blocks,
-                       max_model_len=m.max_model_len)
-
-
-def stack_of(scenario: Scenario) -> StackProfile:
-    """The version profile the scenario models (its ``stack``, else the newest release)."""
-    return profile(scenario.stack)
-
-
-def size_resolution(scenario: Scenario, features: list[Feature]) -> SizeResolution:
-    """The capture sizes of a run, composed once from the base rule and every active feature's
-    constraints under the scenario's stack (graph.capture_sizes), with the engine's warnings."""
-    g, stack = scenario.graph, stack_of(scenario)
-    return resolve_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform,
-                         num_speculative_tokens=registry.uniform_decode_query_len(features) - 1,
-                         capture_sizes=g.capture_sizes, max_capture_size=g.max_capture_size,
-                         max_num_batched_tokens=scenario.workload.max_num_batched_tokens,
-                         constraints=registry.size_constraints(features),
-                         decode_full=parse_mode(g.mode).decode_mode() is CUDAGraphMode.FULL,
-                         spec_sp_multiple=stack.spec_sp_multiple,
-                         capture_max_num_batched_tokens=stack.capture_max_num_batched_tokens,
-                         capture_max_num_seqs=stack.capture_max_num_seqs)
-
-
-def budget_policy(scenario: Scenario) -> str:
-    """The scenario's own ``engine.budget_policy``, else its stack's."""
-    return scenario.engine.budget_policy or stack_of(scenario).budget_policy
-
-
-def capture_sizes(scenario: Scenario, features: list[Feature]) -> tuple[list[int], dict[str, Any]]:
-    """The capture sizes of a run (:func:`size_resolution`), then the stream-budget policy (with
-    its decision). Preflight and the run both call this, so what passes preflight is what runs."""
-    sizes = size_resolution(scenario, features).sizes
-    budget = stream_budget(budget_policy(scenario), sizes, **_legacy_inputs(scenario, features))
-    return budget.sizes_kept, asdict(budget)
-
-
-def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[PipelineSpec, list[int], dict[str, Any]]:
+def build_spec(item: ResolvedItem, ctx: RankContext = SINGLE_RANK) -> PipelineSpec:
+    """The pipeline's inputs for this rank, read off the resolved item."""
+    scenario = item.scenario
     g, w = scenario.graph, scenario.workload
-    model = model_config(scenario)
-    features = scenario_features(scenario)
-    q = registry.uniform_decode_query_len(features)
-    sizes, budget = capture_sizes(scenario, features)
-    fixes = Fixes(host_param_update=scenario.fixes.host_param_update, static_inputs=scenario.fixes.static_inputs)
-    stack = stack_of(scenario)
-    graph = GraphConfig(parse_mode(g.mode), tuple(sizes), g.max_num_seqs, q, g.warmup_runs,
-                        scenario.fixes.fia_padding, fixes, mixed_full_key_num_reqs=stack.mixed_full_key_num_reqs,
-                        pad_requests_without_full=stack.pad_requests_without_full,
-                        debug_input_addresses=g.debug_input_addresses)
+    q = item.uniform_decode_query_len
+    f = scenario.fixes
+    fixes = Fixes(host_param_update=f.host_param_update, static_inputs=f.static_inputs,
+                  refresh_device_buffers=f.refresh_device_buffers)
+    graph = GraphConfig(item.mode, item.capture_sizes, g.max_num_seqs, q, g.warmup_runs, f.fia_padding, fixes,
+                        mixed_full_key_num_reqs=item.stack.mixed_full_key_num_reqs,
+                        pad_requests_without_full=item.stack.pad_requests_without_full,
+                        debug_input_addresses=g.debug_input_addresses, attention_path=item.graph.attention_path)
     if w.requests is not None:
         plans: list[RequestPlan] = []
         for request in w.requests:
             for _ in range(request.repeat):
                 plans.append(RequestPlan(f"r{len(plans)}", request.prompt_len, request.output_len,
                                          request.arrival_step))
-        for feature in features:
+        for feature in item.features:
             plans = feature.share_requests(plans, ctx)
         workload = Workload(requests=tuple(plans), max_num_batched_tokens=w.max_num_batched_tokens,
                             prompt_seed=w.prompt_seed)
@@ -173,17 +110,8 @@ def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[Pipe
         batches = tuple(tuple((str(e.req), e.new_tokens) for e in step) for step in w.steps)
         workload = Workload(explicit=batches, max_num_batched_tokens=w.max_num_batched_tokens,
                             prompt_seed=w.prompt_seed)
-    spec = PipelineSpec(model, graph, workload, scenario.steps, scenario.fia_contract, tuple(features),
+    return PipelineSpec(item.model, graph, workload, scenario.steps, scenario.fia_contract, item.features,
                         num_speculative_tokens=q - 1)
-    return spec, sizes, budget
-
-
-def _legacy_inputs(scenario: Scenario, features: list[Feature]) -> dict[str, Any]:
-    """What the legacy budget formula of vLLM Ascend reads from a deployment (features add theirs)."""
-    if budget_policy(scenario) != "legacy":
-        return {}
-    return dict(num_layers=scenario.model.layers, mode=parse_mode(scenario.graph.mode),
-                hccl_mode=scenario.engine.hccl_mode, **registry.budget_inputs(features))
 
 
 def decide(expect, checks: dict[str, CheckResult]) -> tuple[str, str]:
@@ -218,12 +146,8 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
     """Run ``point``; never raises for a scenario's own failure (that is the result).
 
     ``stack`` is the version profile of a scenario that names none (``--stack``)."""
-    scenario = point.scenario
-    if fia_contract is not None:
-        scenario = scenario.model_copy(update={"fia_contract": fia_contract})
-    if stack is not None and scenario.stack is None:
-        scenario = scenario.model_copy(update={"stack": profile(stack).name})
     resolved = resolve(backend)
+    scenario = point.scenario
     result = ItemResult(point.name, point.id, f"{point.source.path}:{point.source.line}",
                         scenario.model_dump(mode="json"), resolved, SKIPPED, "")
     if scenario.expect.outcome == "skip":
@@ -235,24 +159,13 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
         result.outcome, result.verdict = FAILED, f"backend unavailable: {problem}"
         return result
     try:
-        reason = unsupported_reason(scenario)
-        if reason:
-            result.verdict = reason
-            return result
-        features = scenario_features(scenario)
-        world = registry.world_size(features)
-        if world > MAX_WORLD_SIZE:  # collection refuses it; a direct caller gets this
-            raise ValueError(f"{world} ranks requested, above the maximum world size of {MAX_WORLD_SIZE}")
-        if world > 1:
-            result.checks, result.record, notes = _run_ranks(scenario, resolved, features)
-            result.record.notes.extend(notes)
-        else:
-            result.record, result.checks = run_rank(scenario, resolved)
-        _locate_rows(result.checks.get(CheckName.DISPATCH), point)
-        result.outcome, result.verdict = decide(scenario.expect, result.checks)
-        if result.outcome == PASSED and not result.record.steps:
-            result.outcome = FAILED
-            result.verdict = "nothing was compared: no step ran, so no check saw any evidence"
+        item = resolve_item(scenario, resolved, fia_contract=fia_contract, stack=stack)
+        result.scenario = item.scenario.model_dump(mode="json")
+        run_item(item, point, result)
+    except PointSkipped as skipped:
+        result.verdict = skipped.reason
+    except ItemProblem as problem:  # collection refuses it; a direct caller gets this
+        result.outcome, result.verdict = FAILED, f"{problem.field}: {problem.message}"
     except UnsupportedOnBackend as error:  # a setting this backend refuses: not a finding
         result.outcome, result.verdict = SKIPPED, f"unsupported on {resolved}: {error}"
     except Exception as error:  # noqa: BLE001 - a crash is this item's result, never the suite's
@@ -262,6 +175,20 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
     finally:
         result.duration = time.perf_counter() - started
     return result
+
+
+def run_item(item: ResolvedItem, point: ScenarioPoint, result: ItemResult) -> None:
+    """Run a resolved item on its ranks and decide its outcome into ``result``."""
+    if item.world_size > 1:
+        result.checks, result.record, notes = _run_ranks(item)
+        result.record.notes.extend(notes)
+    else:
+        result.record, result.checks = run_rank(item)
+    _locate_rows(result.checks.get(CheckName.DISPATCH), point)
+    result.outcome, result.verdict = decide(item.scenario.expect, result.checks)
+    if result.outcome == PASSED and not result.record.steps:
+        result.outcome = FAILED
+        result.verdict = "nothing was compared: no step ran, so no check saw any evidence"
 
 
 def _locate_rows(check: CheckResult | None, point: ScenarioPoint) -> None:
@@ -280,74 +207,45 @@ def _locate_rows(check: CheckResult | None, point: ScenarioPoint) -> None:
 
 
 def preflight(scenario: Scenario) -> tuple[str, str] | None:
-    """What the schema cannot see: a model the canary cannot build, a model the TP ranks cannot
-    split, capture sizes a feature leaves empty or whose dummy batch outgrows ``max_model_len``,
-    an unknown plugin feature. Returns ``(field, message)`` or None."""
+    """What the schema cannot see, as ``(field, message)``: the resolution of the point (a point
+    that resolves, or is skipped, has no problem)."""
     try:
-        features = scenario_features(scenario)
-    except ValueError as error:
-        return "features", str(error)
-    try:
-        config = model_config(scenario)
-    except ValueError as error:
-        fields = type(scenario.model).model_fields
-        named = next((f for f in fields if f in str(error)), None)
-        return (f"model.{named}" if named else "model"), str(error)
-    tp = dict(axis_sizes(features)).get("tp", 1)
-    if tp > 1 and (split := tp_split_problem(config, tp)) is not None:
-        field, message = split  # the MLP width is twice model.hidden_size: that is the field to change
-        return f"model.{'hidden_size' if field == 'intermediate_size' else field}", f"{message}, with features.sp.tp={tp}"
-    try:
-        sizes, _ = capture_sizes(scenario, features)
-    except EngineRefusal:
-        return None  # not a bad file: the point is skipped with the engine's reason (unsupported_reason)
-    except ValueError as error:
-        field = "graph.max_capture_size" if "max_cudagraph_capture_size" in str(error) else "graph.capture_sizes"
-        return field, str(error)
-    if parse_mode(scenario.graph.mode).mixed_mode() is not CUDAGraphMode.NONE:
-        seqs, max_len = scenario.graph.max_num_seqs, config.max_model_len
-        for size in sizes:
-            if (longest := max(dummy_request_lens(size, seqs))) > max_len:
-                return "graph.capture_sizes", (
-                    f"capture size {size} with graph.max_num_seqs {seqs} is captured on a dummy request of "
-                    f"{longest} tokens, above model.max_model_len {max_len}: no real batch has that shape; "
-                    "drop the size or raise max_num_seqs")
+        resolve_item(scenario)
+    except ItemProblem as problem:
+        return problem.field, problem.message
+    except PointSkipped:
+        return None
     return None
 
 
-def world_size(scenario: Scenario) -> int:
-    return registry.world_size(scenario_features(scenario))
-
-
-def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK,
+def run_rank(item: ResolvedItem, ctx: RankContext = SINGLE_RANK,
              rows: list[dict[str, Any]] | None = None) -> tuple[RunRecord, dict[str, CheckResult]]:
     """One rank's whole job: build, run the pipeline, check (``rows``: the dispatch table, taken
-    from ``scenario`` when not given; a rank gets it as data, since the rows pin what they name
+    from the scenario when not given; a rank gets it as data, since the rows pin what they name
     and a scenario rebuilt from JSON no longer knows which fields its file named)."""
-    spec, sizes, budget = build_spec(scenario, ctx)
-    engine = load(backend)
+    scenario = item.scenario
+    spec = build_spec(item, ctx)
+    engine = load(item.backend)
     install_native_ops(engine)
-    record = RunRecord(scenario.graph.mode, backend, sizes, budget=budget)
-    stack = stack_of(scenario)
-    record.notes.append(f"stack {stack.name}: {stack.summary}")
-    features = scenario_features(scenario)
-    record.notes.extend(size_resolution(scenario, features).notes)
-    reference = runs_reference(features, ctx)
+    record = RunRecord(str(item.mode), item.backend, list(item.capture_sizes), budget=item.budget_report)
+    record.notes.extend(item.notes)
+    reference = runs_reference(list(item.features), ctx)
     if not reference:
         record.notes.append(f"rank {ctx.rank}: the reference path and the plain greedy decode ran on the first rank "
                             "of its TP/CP group (the same requests), and were compared there")
     per_group = 1 if scenario.engine.hccl_mode == "AIV" else 2
     engine.reset_device(StreamConfig(scenario.engine.stream_pool, scenario.engine.streams_per_graph, per_group),
-                        device_rules(stack))
+                        device_rules(item.stack))
     try:
         with cyclic_gc_paused():
             run_pipeline(spec, engine, record, ctx, rank_model=_rank_model(ctx), reference=reference)
+        record.device_work = dict(engine.device_work())
     finally:
         engine.reset_device()
         use_collective_ops(None)  # the process's default again, whoever runs in it next
     tolerance = (scenario.tolerance.atol, scenario.tolerance.rtol) if scenario.tolerance else None
     checks = run_checks(record, contract=scenario.fia_contract, dtype=scenario.model.dtype,
-                        bitwise_replay=engine.capabilities.bitwise_replay, tolerance=tolerance)
+                        bitwise_replay=item.capabilities.bitwise_replay, tolerance=tolerance)
     rows = dispatch_rows(scenario) if rows is None else rows
     if rows:
         checks[CheckName.DISPATCH] = check_dispatch_table(record, rows, rank=ctx.rank, mode=scenario.graph.mode)
@@ -379,14 +277,13 @@ def dispatch_rows(scenario: Scenario) -> list[dict[str, Any]]:
             for i, row in enumerate(scenario.expect.dispatch or ())]
 
 
-def install_native_ops(engine: Any) -> None:
+def install_native_ops(engine: Engine) -> None:
     """Route harness.ops to the engine's own kernels (torch_npu's FIA and paged attention, host
-    checks included), or back to the CPU reference where the engine has none; and the ranks'
+    checks included), or back to the reference where the engine has none; and the ranks'
     collectives to the engine's own (the emulator's shared memory), or to ``_c10d_functional``."""
-    caps = engine.capabilities
-    set_native_impl(*(caps.native_attention() if caps.native_attention else (None, None, None)))
-    set_native_paged_attention(*(caps.native_paged_attention() if caps.native_paged_attention else (None, None)))
-    use_collective_ops(caps.collective_ops() if caps.collective_ops else None)
+    set_native_impl(*(engine.native_attention() or (None, None, None)))
+    set_native_paged_attention(*(engine.native_paged_attention() or (None, None)))
+    use_collective_ops(engine.collective_ops())
 
 
 def device_rules(stack: StackProfile) -> DeviceRules:
@@ -403,20 +300,18 @@ def _rank_model(ctx: RankContext):
 
     def shard(reference: DecoderLM) -> DecoderLM:
         parallel = ParallelContext(ctx.tp, ctx.tp_rank, ctx.tp_group, sequence_parallel=True)
-        return DecoderLM(reference.config, parallel).to(reference.device)
+        return DecoderLM(reference.config, parallel).place(reference.device)
 
     return shard
 
 
 # -- multi-rank ---------------------------------------------------------------------------------
-def _run_ranks(scenario: Scenario, backend: str, features: list[Feature]) -> tuple[dict[str, CheckResult], RunRecord, list[str]]:
-    world = registry.world_size(features)
-    outcome = run_ranks(_rank_job, world,
-                        args=(scenario.model_dump(mode="json"), backend, dispatch_rows(scenario)),
-                        timeout=rank_timeout(scenario))
-    layout = describe(axis_sizes(features))
+def _run_ranks(item: ResolvedItem) -> tuple[dict[str, CheckResult], RunRecord, list[str]]:
+    scenario, world = item.scenario, item.world_size
+    outcome = run_ranks(_rank_job, world, args=(item, dispatch_rows(scenario)), timeout=rank_timeout(scenario))
+    layout = describe(axis_sizes(list(item.features)))
     if not outcome.ok:
-        record = RunRecord(scenario.graph.mode, backend, [])
+        record = RunRecord(str(item.mode), item.backend, [])
         failure = outcome.root_cause or outcome.failures[0]
         record.errors.append(PathError("graph", None, f"rank {failure.rank}", failure.kind, failure.message,
                                        category=ErrorCategory.RANK))
@@ -441,10 +336,9 @@ def _run_ranks(scenario: Scenario, backend: str, features: list[Feature]) -> tup
     return merged, per_rank[shown][0], [layout, f"the run evidence shown is rank {shown}'s"]
 
 
-def _rank_job(rank: int, world: int, scenario_json: dict, backend: str, rows: list[dict[str, Any]] | None = None):
-    scenario = Scenario.model_validate(scenario_json)
-    ctx = rank_context(scenario_features(scenario), rank, world)
-    record, checks = run_rank(scenario, backend, ctx, rows or [])
+def _rank_job(rank: int, world: int, item: ResolvedItem, rows: list[dict[str, Any]] | None = None):
+    ctx = rank_context(list(item.features), rank, world)
+    record, checks = run_rank(item, ctx, rows or [])
     for step in record.steps:
         step.logits = {}  # tensors stay on the rank: the checks have read them
     return record, checks

@@ -8,18 +8,17 @@ device tensors (``harness.ops.fia_device_metadata``), as FlashAttention does wit
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
 from .errors import UnsupportedOnBackend
-from .protocol import Capabilities, DeviceRules, StreamConfig
+from .protocol import CAPABILITIES, DeviceRules, StreamConfig
 
 name = "cuda"
-device_type = "cuda"
-# Kernels may pick other algorithms per shape: compare within tolerance. No task groups.
-capabilities = Capabilities(task_updates=False, bitwise_replay=False, stream_pool=False,
-                            reports_executed_arguments=False)
+capabilities = CAPABILITIES[name]
+device = torch.device("cuda", 0)  # this rank's GPU once reset_device() has read LOCAL_RANK
 
 _NO_TASK_GROUPS = (
     "task-group update is an ACL graph feature that CUDA graphs lack; keep per-request lengths in "
@@ -108,11 +107,44 @@ def device_name() -> str:
     return torch.cuda.get_device_name()
 
 
+def device_work() -> dict[str, int]:
+    """Peak device memory since the last reset (graph launches are counted by the runner)."""
+    return {"kernels": -1, "bytes_allocated": int(torch.cuda.max_memory_allocated(device))}
+
+
+def native_attention() -> None:
+    """None: the harness's reference FIA (device tensors, host lists) runs on the GPU."""
+
+
+def native_paged_attention() -> None:
+    """None: the harness's reference paged attention runs on the GPU."""
+
+
+def collective_ops() -> None:
+    """None: NCCL through ``_c10d_functional`` (capturable)."""
+
+
+def weak_ref_tensor(tensor: Any) -> Any:
+    """A tensor on the same GPU memory that does not keep it allocated (vLLM's
+    ``weak_ref_tensors``): a non-owning storage over the same address."""
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
+    storage = torch._C._construct_storage_from_data_pointer(
+        tensor.untyped_storage().data_ptr(), tensor.device, tensor.untyped_storage().nbytes())
+    return torch.empty(0, dtype=tensor.dtype, device=tensor.device).set_(
+        storage, tensor.storage_offset(), tensor.size(), tensor.stride())
+
+
 def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules | None = None) -> None:
-    """Synchronize. CUDA has no fixed graph stream pool: a stream budget other than the default
-    cannot be honoured, so it is refused (the item is skipped with the reason).
+    """Take this rank's GPU (``LOCAL_RANK``), synchronize, and start counting its memory afresh.
+    CUDA has no fixed graph stream pool: a stream budget other than the default cannot be
+    honoured, so it is refused (the item is skipped with the reason).
     ``rules`` (a stack's torch_npu rules) are the emulator's to follow: here the installed
     runtime's own rules apply, and the device check compares the two."""
+    global device
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
     torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(device)
     if stream_config is not None and stream_config.pool_size != StreamConfig().pool_size:
         raise UnsupportedOnBackend(f"cuda: no graph stream pool to limit to {stream_config.pool_size} streams")

@@ -8,32 +8,45 @@ need and turns the runtime's stream-exhaustion error into :class:`StreamBudgetEr
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 import torch_npu  # noqa: F401  (registers torch.npu)
 
 from .errors import STREAM_EXHAUSTED_CODE, StreamBudgetError, UnsupportedOnBackend
-from .protocol import Capabilities, DeviceRules, StreamConfig
+from .protocol import CAPABILITIES, DeviceRules, StreamConfig
 
 
-def _native_attention():
+def native_attention():
     """torch_npu's FIA (functional, out, workspace): the device op, host check included."""
     op = torch_npu.npu_fused_infer_attention_score
     return (op, lambda query, key, value, *, out, **kwargs: op.out(query, key, value, **kwargs, out=out),
             torch_npu._npu_fused_infer_attention_score_get_max_workspace)
 
 
-def _native_paged_attention():
+def native_paged_attention():
     """torch_npu's ATB decode attention (``context_lens`` read on the host) and its workspace query."""
     return torch_npu._npu_paged_attention, torch_npu._npu_paged_attention_get_workspace
 
 
 name = "npu"
-device_type = "npu"
-capabilities = Capabilities(task_updates=True, bitwise_replay=False, stream_pool=True,
-                            reports_executed_arguments=False, native_attention=_native_attention,
-                            native_paged_attention=_native_paged_attention)
+capabilities = CAPABILITIES[name]
+device = torch.device("npu", 0)  # this rank's NPU once reset_device() has read LOCAL_RANK
+
+
+def collective_ops() -> None:
+    """None: HCCL through ``_c10d_functional``."""
+
+
+def device_work() -> dict[str, int]:
+    """Device memory allocated since the last reset (the runtime counts no kernels for us)."""
+    return {"kernels": -1, "bytes_allocated": int(torch.npu.max_memory_allocated(device))}
+
+
+def weak_ref_tensor(tensor: Any) -> Any:
+    """The tensor itself: a strong reference (torch_npu offers no weak tensor reference here)."""
+    return tensor
 
 _graphs_alive: set[int] = set()
 _stream_pool_size = 2048
@@ -88,8 +101,11 @@ def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules |
     and a communication group take is the runtime's, so a config that says otherwise is refused.
     ``rules`` (a stack's torch_npu rules) are the emulator's to follow: here the installed
     runtime's own rules apply, and the device check compares the two."""
-    global _stream_pool_size
+    global _stream_pool_size, device
+    device = torch.device("npu", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.npu.set_device(device)
     torch.npu.synchronize()
+    torch.npu.reset_peak_memory_stats(device)
     config = stream_config or StreamConfig()
     if (config.per_graph, config.per_comm_group) not in ((1, 1), (1, 2)):
         raise UnsupportedOnBackend(f"npu: streams per graph / per comm group are set by the runtime, not "

@@ -1,9 +1,11 @@
 """The engine seam: what the runner may call on a backend, and what a backend declares it can do.
 
 A backend is a module (``harness.engine.emulated.api``, ``.npu``, ``.cuda``) that satisfies
-:class:`Engine`; the harness reads :class:`Capabilities` instead of probing for names, and a
-backend given a setting it cannot honour refuses it (:class:`UnsupportedOnBackend`) instead of
-ignoring it.
+:class:`Engine`. What each backend can do is declared once, here, in :data:`CAPABILITIES`
+(no torch needed to read it, so collection can resolve an item without importing a backend),
+and read once per item by the capability step (:mod:`harness.graph.capability`,
+:mod:`harness.resolve`); nobody else branches on a backend. A backend given a setting it cannot
+honour refuses it (:class:`UnsupportedOnBackend`) instead of ignoring it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Protocol, runtime_checkable
 
-__all__ = ["Capabilities", "DeviceRules", "Engine", "StreamConfig"]
+__all__ = ["CAPABILITIES", "Capabilities", "DeviceRules", "Engine", "StreamConfig"]
 
 
 @dataclass(frozen=True)
@@ -55,17 +57,29 @@ class DeviceRules:
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a backend can do; the runner and the checks branch on these, never on names."""
+    """What a backend can do: read by the capability step, which turns it into an item's decisions."""
 
+    device_type: str  # the torch device type its tensors live on ("npu", "cuda")
     task_updates: bool  # graph_task_update_begin/end re-issue a captured op with new host args
     bitwise_replay: bool  # replay equals eager bit for bit (else: compare within tolerance)
     stream_pool: bool  # captures draw on a fixed stream pool the budget applies to (ACL)
-    reports_executed_arguments: bool  # executed_host_arguments(graph, op, names) reads a graph
-    native_attention: Callable[[], tuple[Any, Any, Any]] | None = None  # the device's own FIA
-    native_paged_attention: Callable[[], tuple[Any, Any]] | None = None  # its paged attention + workspace
-    # The op family a rank's collectives go through (the names of ``_c10d_functional``'s ops);
-    # None: ``torch.ops._c10d_functional`` on the process group's own backend.
-    collective_ops: Callable[[], Any] | None = None
+    reports_executed_arguments: bool  # executed_host_arguments(graph, op, names) reads what a replay ran
+    distributed_backend: str  # torch.distributed's backend for the ranks' process groups
+
+
+#: Every backend's capabilities, in one place (the backend modules re-export their own).
+CAPABILITIES: dict[str, Capabilities] = {
+    # The CPU emulator: the same kernels on the same shapes replay bit for bit; it records what
+    # each replay ran; its ranks exchange through shared memory (gloo for the rest).
+    "emulated": Capabilities(device_type="npu", task_updates=True, bitwise_replay=True, stream_pool=True,
+                             reports_executed_arguments=True, distributed_backend="gloo"),
+    # torch_npu on Ascend: ACL graphs with task groups and a fixed stream pool.
+    "npu": Capabilities(device_type="npu", task_updates=True, bitwise_replay=False, stream_pool=True,
+                        reports_executed_arguments=False, distributed_backend="hccl"),
+    # CUDA graphs: no task groups (lengths live in device buffers), no stream pool.
+    "cuda": Capabilities(device_type="cuda", task_updates=False, bitwise_replay=False, stream_pool=False,
+                         reports_executed_arguments=False, distributed_backend="nccl"),
+}
 
 
 @runtime_checkable
@@ -73,7 +87,7 @@ class Engine(Protocol):
     """The torch.npu-shaped names the harness calls, plus the read-outs its checks need."""
 
     name: str
-    device_type: str
+    device: Any  # the torch.device of this process's (rank's) tensors
     capabilities: Capabilities
 
     def NPUGraph(self, *args: Any, **kwargs: Any) -> Any: ...  # noqa: N802 - torch.npu's name
@@ -93,3 +107,13 @@ class Engine(Protocol):
     def stream_usage(self) -> dict[str, Any]: ...
     def memory_report(self) -> dict[str, Any]: ...
     def device_name(self) -> str: ...
+    def device_work(self) -> dict[str, int]: ...
+    def weak_ref_tensor(self, tensor: Any) -> Any: ...
+    # The backend's own kernels and collectives, or None where the harness's reference serves:
+    def native_attention(self) -> tuple[Any, Any, Any] | None: ...  # FIA (functional, out, workspace)
+    def native_paged_attention(self) -> tuple[Any, Any] | None: ...  # paged attention + workspace
+    def collective_ops(self) -> Any: ...  # the op family of a rank's collectives (None: _c10d_functional)
+    # Only where ``capabilities.reports_executed_arguments`` (the emulator reads its own graphs):
+    def executed_host_arguments(self, graph: Any, op_name: str, names: tuple[str, ...],
+                                replay: int | None = None) -> list[dict[str, Any]]: ...
+    def register_updatable_op(self, qualified_name: str) -> None: ...

@@ -29,7 +29,7 @@ def draft_model(target: DecoderLM, num_layers: int = 1) -> DecoderLM:
     config = replace(target.config, num_layers=min(num_layers, target.config.num_layers))
     kept = {k: v for k, v in target.state_dict().items()
             if not k.startswith("layers.") or int(k.split(".")[1]) < config.num_layers}
-    return DecoderLM(config, state=kept).to(target.device)
+    return DecoderLM(config, state=kept).place(target.device)
 
 
 class Drafter:

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
+from harness.graph.capability import AttentionPath
 from harness.graph.drafter import Drafter, draft_model
 from harness.graph.metadata import AttentionMetadata, build_attention_metadata
 from harness.graph.modes import CUDAGraphMode
@@ -60,6 +61,7 @@ class GraphConfig:
     mixed_full_key_num_reqs: bool = True  # mixed FULL keys carry min(T, max_num_seqs) (vLLM PR #34043)
     pad_requests_without_full: bool = False  # True: a dummy request in PIECEWISE/NONE too (no real stack)
     debug_input_addresses: bool = False  # the graph wrappers' debug check (VLLM_LOGGING_LEVEL=DEBUG)
+    attention_path: AttentionPath = AttentionPath.HOST_LISTS  # where FULL graphs keep the lengths (capability step)
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
     g = spec.graph
     runner = GraphRunner(engine, model, paths["graph"].kv_cache,
                          RunnerConfig(max(g.capture_sizes), g.max_num_seqs, spec.max_blocks_per_req, g.warmup_runs,
-                                      g.fixes, g.mode, g.debug_input_addresses), style)
+                                      g.fixes, g.mode, g.debug_input_addresses, g.attention_path), style)
     eager = {"reference": EagerRunner(reference_model, paths["reference"].kv_cache),
              "padded": EagerRunner(model, paths["padded"].kv_cache, style)}
     with observe_fia_calls() as calls, fia_contract(spec.fia_contract):  # type: ignore[arg-type]

@@ -94,6 +94,9 @@ class RunRecord:
     errors: list[PathError] = field(default_factory=list)
     stream_usage: dict[str, Any] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)
+    # What ran on the device: kernels launched (-1 where the runtime does not count them) and
+    # bytes of device memory allocated. A run on a device that used none ran on the host.
+    device_work: dict[str, int] = field(default_factory=dict)
     budget: dict[str, Any] = field(default_factory=dict)  # the capture-size policy's decision
     notes: list[str] = field(default_factory=list)
     speculation: dict[str, dict[str, int]] = field(default_factory=dict)  # path -> proposed/accepted

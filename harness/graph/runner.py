@@ -11,9 +11,14 @@ vLLM Ascend:
   (runtime mode NONE, passed through the wrappers); capturing is legal only in that phase;
 * PIECEWISE: L+1 wrapped pieces per bucket; attention runs eagerly between them on live host
   values, its output copied into the static buffer the next piece captured;
-* FULL: one wrapped forward per key; each attention layer's FIA is captured behind an
-  ExternalEvent in a task group, and after every replay its host parameters are updated on an
-  update stream (the protocol is :mod:`harness.ops.attention`; reference section 6);
+* FULL: one wrapped forward per key. Where the lengths live is the capability step's answer
+  (:class:`~harness.graph.capability.AttentionPath`): in host lists, each attention layer's FIA
+  is captured behind an ExternalEvent in a task group, and after every replay its host
+  parameters are updated on an update stream (ACL graph; the protocol is
+  :mod:`harness.ops.attention`, reference section 6); in device buffers, the graph holds the
+  device-metadata attention (``fia_device_metadata``) reading ``query_start_loc`` and
+  ``seq_lens`` buffers that are refreshed before every replay (CUDA graph, FlashAttention's
+  ``cu_seqlens``);
 * inputs are copied into static buffers before replay (the wrappers keep none).
 
 Each fix of the runner has a switch (:class:`Fixes`), so a known-bad scenario can turn one
@@ -29,13 +34,14 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from harness.graph.capability import AttentionPath
 from harness.graph.dispatcher import BatchDescriptor
 from harness.graph.graph_wrapper import CaptureMonitor, GraphWrapper, get_forward_context, set_forward_context
 from harness.graph.metadata import AttentionMetadata
 from harness.graph.modes import CUDAGraphMode
 from harness.graph.plan import StepPlan
 from harness.model import Attend, DecoderLM, PagedKVCache
-from harness.ops import FIA_OP_NAME, fia_call_tags
+from harness.ops import DEVICE_METADATA_OP_NAME, FIA_OP_NAME, fia_call_tags, fia_device_metadata, observe_device_lengths
 from harness.ops.attention import (
     AttentionHeads,
     AttentionStyle,
@@ -55,6 +61,7 @@ class Fixes:
 
     host_param_update: bool = True  # task-group update of FIA host lists after replay
     static_inputs: bool = True  # copy inputs into the captured buffers (not a fresh tensor)
+    refresh_device_buffers: bool = True  # write the lengths' device buffers before a replay (device path)
 
 
 @dataclass(frozen=True)
@@ -66,6 +73,7 @@ class RunnerConfig:
     fixes: Fixes = Fixes()
     mode: CUDAGraphMode = CUDAGraphMode.FULL  # the configured mode: which wrappers exist
     debug_input_addresses: bool = False  # the wrappers' replay-time address check (VLLM_LOGGING_LEVEL=DEBUG)
+    attention_path: AttentionPath = AttentionPath.HOST_LISTS  # where FULL graphs keep the lengths
 
 
 def attention_heads(model: DecoderLM) -> AttentionHeads:
@@ -179,6 +187,10 @@ class GraphRunner:
         self.positions = torch.zeros(max_tokens, dtype=torch.int64, device=device)
         self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)
         self.block_table = torch.zeros(self.max_reqs, config.max_blocks_per_req, dtype=torch.int32, device=device)
+        self.device_buffers = config.attention_path is AttentionPath.DEVICE_BUFFERS
+        if self.device_buffers:  # the lengths a FULL graph's attention reads when it runs
+            self.query_start_loc = torch.zeros(self.max_reqs + 1, dtype=torch.int32, device=device)
+            self.seq_lens = torch.zeros(self.max_reqs, dtype=torch.int32, device=device)
         self.update_stream = engine.Stream()
         self.streams_by_bucket: list[dict[str, Any]] = []
         # What attention keeps per captured key: FULL graphs' task groups, PIECEWISE graphs'
@@ -190,6 +202,10 @@ class GraphRunner:
         mode = config.mode
         pool = engine.graph_pool_handle() if mode is not CUDAGraphMode.NONE else None
         wrap = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses)
+        # vLLM Ascend synchronizes before a FULL replay so that the host update of this step
+        # cannot race the last replay (PR #4233); device buffers need no update, and vLLM's
+        # CUDA graph wrapper has no such sync.
+        full_sync = not self.device_buffers
         self.piece_wrappers: list[GraphWrapper] = []
         pieces: list[Any] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
         if mode.has_piecewise_cudagraphs():
@@ -199,7 +215,8 @@ class GraphRunner:
         self.full_wrapper: GraphWrapper | None = None
         self.forward: Any = self._forward
         if mode.has_full_cudagraphs():
-            self.full_wrapper = self.forward = GraphWrapper(self._forward, CUDAGraphMode.FULL, name="forward", **wrap)
+            self.full_wrapper = self.forward = GraphWrapper(self._forward, CUDAGraphMode.FULL, name="forward",
+                                                            sync_before_replay=full_sync, **wrap)
 
     @property
     def graphs_captured(self) -> int:
@@ -224,6 +241,14 @@ class GraphRunner:
         kwargs = live.kwargs
         key_cache, value_cache = self.kv_cache.key_cache[layer], self.kv_cache.value_cache[layer]
         mode, style = context.runtime_mode, self.style
+        if mode is CUDAGraphMode.FULL and context.capturing and self.device_buffers:
+            with fia_call_tags(layer=layer):
+                out, lse = fia_device_metadata(query, key_cache, value_cache, self.query_start_loc, self.seq_lens,
+                                               self.block_table, block_size=self.heads.block_size,
+                                               num_heads=self.heads.num_heads,
+                                               num_key_value_heads=self.heads.num_kv_heads, scale=self.heads.scale,
+                                               max_num_reqs=self.max_reqs, sparse_mode=style.sparse_mode)
+            return style.combine(out, lse) if style.combine else out
         if mode is CUDAGraphMode.FULL and context.capturing and self.config.fixes.host_param_update:
             num_tokens = query.shape[0]
             with fia_call_tags(layer=layer):
@@ -265,6 +290,8 @@ class GraphRunner:
             for runtime_mode, key, meta in plans:
                 inputs = StepInputs(meta, [0] * key.num_tokens)
                 self._write_static(inputs)
+                if self.device_buffers and runtime_mode is CUDAGraphMode.FULL:
+                    self._refresh_device_buffers(meta)  # the dummy batch the graph is captured on
                 args, live = self._static_args(meta), self._live(meta, self.block_table)
                 with fia_call_tags(phase="warmup", bucket=key.num_tokens), \
                         set_forward_context(CUDAGraphMode.NONE, None, live):
@@ -307,6 +334,9 @@ class GraphRunner:
         self._write_static(StepInputs(meta, input_ids))
         key, mode = decision.batch_descriptor, decision.runtime_mode
         live = self._live(meta, self.block_table)
+        if self.device_buffers and mode is CUDAGraphMode.FULL:
+            self._refresh_device_buffers(meta, kv_lengths=self.config.fixes.refresh_device_buffers)
+            self._observe_device_lengths(key)
         try:
             with set_forward_context(mode, key, live):
                 logits = self.forward(*self._static_args(meta))  # a replay (the runnable is not called)
@@ -320,7 +350,7 @@ class GraphRunner:
                 self.engine.synchronize()
             raise
         self.engine.synchronize()
-        executed = self._executed(self.full_wrapper.graph_of(key)) \
+        executed = self._executed(self.full_wrapper.graph_of(key), meta.num_reqs_padded) \
             if mode is CUDAGraphMode.FULL and self.full_wrapper is not None else None
         return logits[: meta.num_actual_tokens].clone(), executed
 
@@ -357,10 +387,44 @@ class GraphRunner:
         self.block_table.zero_()
         self.block_table[: meta.num_reqs_padded].copy_(torch.tensor(meta.block_table, dtype=torch.int32))
 
-    def _executed(self, graph: Any) -> list[dict] | None:
-        if not self.engine.capabilities.reports_executed_arguments:
-            return None
-        return self.engine.executed_host_arguments(graph, FIA_OP_NAME, ("actual_seq_lengths", "actual_seq_lengths_kv"))
+    def _refresh_device_buffers(self, meta: AttentionMetadata, *, kv_lengths: bool = True) -> None:
+        """Write the step's lengths into the device buffers the FULL graph reads (vLLM's
+        ``query_start_loc`` / ``seq_lens`` CpuGpuBuffers): request slots past the padded count
+        repeat the last start (zero-length queries) and have KV length 0.
+
+        ``kv_lengths=False`` is the known-bad pipeline (``fixes.refresh_device_buffers``): the
+        KV lengths keep what the capture wrote, as FIA's host lists do without their update."""
+        n = meta.num_reqs_padded
+        starts = list(meta.query_start_loc) + [meta.query_start_loc[-1]] * (self.max_reqs - n)
+        self.query_start_loc.copy_(torch.tensor(starts, dtype=torch.int32))
+        if kv_lengths:
+            self.seq_lens.copy_(torch.tensor(list(meta.seq_lens) + [0] * (self.max_reqs - n), dtype=torch.int32))
+            self._kv_lengths = list(meta.seq_lens) + [0] * (self.max_reqs - n)
+        self._buffer_lists = (list(meta.actual_seq_lengths), self._kv_lengths[:n])
+
+    def _observe_device_lengths(self, key: BatchDescriptor) -> None:
+        """The FIA invariant on the device path: what each layer's attention will read from the
+        buffers (the lists last written), against the graph's T, once per layer and step."""
+        cumulative, kv = self._buffer_lists
+        for layer in range(self.model.config.num_layers):
+            with fia_call_tags(layer=layer, phase="device-buffers"):
+                observe_device_lengths(key.num_tokens, cumulative, kv, tuple(self.block_table.shape),
+                                       self.heads.block_size)
+
+    def _executed(self, graph: Any, num_reqs: int) -> list[dict] | None:
+        """The lengths each layer's attention ran with in this replay, where they can be known:
+        the emulator reads them off the ops it ran; device buffers are read back (nothing writes
+        them between a replay and this synchronized read); else None (the text is the evidence)."""
+        names = ("actual_seq_lengths", "actual_seq_lengths_kv")
+        if self.engine.capabilities.reports_executed_arguments:
+            op = DEVICE_METADATA_OP_NAME if self.device_buffers else FIA_OP_NAME
+            ran = self.engine.executed_host_arguments(graph, op, names)
+            return [{name: list(entry[name])[:num_reqs] for name in names} for entry in ran]
+        if self.device_buffers:
+            starts = self.query_start_loc[: num_reqs + 1].tolist()
+            kv = self.seq_lens[:num_reqs].tolist()
+            return [{"actual_seq_lengths": starts[1:], "actual_seq_lengths_kv": kv}] * self.model.config.num_layers
+        return None
 
     def release(self) -> None:
         for wrapper in [*self.piece_wrappers, *([self.full_wrapper] if self.full_wrapper else [])]:

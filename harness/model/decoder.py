@@ -274,6 +274,17 @@ class DecoderLM(nn.Module):
         """Where the weights live: the device every input, cache and buffer of this model needs."""
         return self.embed_tokens.weight.device
 
+    def place(self, device: torch.device | str) -> "DecoderLM":
+        """Copy every weight to ``device`` (a host-to-device copy, as loading a checkpoint is) and
+        return the model. Parameter by parameter rather than ``Module.to``, whose conversion
+        imports torch's fake-tensor and DTensor machinery (sympy: seconds in a fresh rank)."""
+        device = torch.device(device)
+        for module in self.modules():
+            for name, param in module._parameters.items():
+                if param is not None and param.device != device:
+                    module._parameters[name] = nn.Parameter(param.detach().to(device), requires_grad=False)
+        return self
+
     # ------------------------------------------------------------------ pieces
     def piece(
         self,
@@ -396,7 +407,7 @@ def build_model(
 ) -> DecoderLM:
     """A :class:`DecoderLM` for ``config`` (weights deterministic in ``config.seed``) on ``device``
     (one TP rank's shard with ``parallel``)."""
-    return DecoderLM(config, parallel).to(device)
+    return DecoderLM(config, parallel).place(device)
 
 
 def _host_list(values: HostList) -> list[int]:

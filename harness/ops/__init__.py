@@ -35,10 +35,12 @@ from harness.ops.fia import (
     get_native_impl,
     npu_fused_infer_attention_score,
     npu_fused_infer_attention_score_out,
+    observe_device_lengths,
     register_updatable_ops,
     set_native_impl,
 )
-from harness.ops.library import FIA_OP_NAME, PAGED_ATTENTION_OP_NAME, UPDATABLE_OP_NAMES, workspace_nbytes
+from harness.ops.library import (DEVICE_METADATA_OP_NAME, FIA_OP_NAME, PAGED_ATTENTION_OP_NAME, UPDATABLE_OP_NAMES,
+                                 workspace_nbytes)
 from harness.ops.paged_attention import (
     npu_paged_attention,
     npu_paged_attention_device_lens,
@@ -48,6 +50,7 @@ from harness.ops.paged_attention import (
 from harness.ops.observe import FiaCall, fia_call_tags, observe_fia_calls
 
 __all__ = [
+    "DEVICE_METADATA_OP_NAME",
     "FIA_OP_NAME",
     "PAGED_ATTENTION_OP_NAME",
     "UPDATABLE_OP_NAMES",
@@ -69,6 +72,7 @@ __all__ = [
     "npu_fused_infer_attention_score_out",
     "npu_paged_attention",
     "npu_paged_attention_device_lens",
+    "observe_device_lengths",
     "observe_fia_calls",
     "paged_attention_get_workspace",
     "register_updatable_ops",

@@ -74,16 +74,46 @@ def get_native_impl() -> tuple[NativeFn | None, NativeFn | None, NativeFn | None
 
 
 def register_updatable_ops(engine: Any) -> None:
-    """Tell ``engine`` that the FIA op's host lists may be replaced by a graph update.
-
-    Calls ``engine.register_updatable_op(name)`` for each of
-    :data:`~harness.ops.library.UPDATABLE_OP_NAMES` when the engine offers that method (the
-    emulated engine does); otherwise does nothing. This keeps harness.ops free of engine imports.
-    """
+    """Tell an engine that reads its own graphs (``capabilities.reports_executed_arguments``: the
+    emulator) which ops' host lists a graph update may replace
+    (:data:`~harness.ops.library.UPDATABLE_OP_NAMES`), and what the device-metadata attention
+    reads when it runs (its lengths buffers), so that a replay can report both. A native graph
+    records the ops itself: nothing to tell. This keeps harness.ops free of engine imports."""
     if not engine.capabilities.reports_executed_arguments:
-        return  # a native graph records the op itself; only an emulator needs telling
+        return
     for name in _library.UPDATABLE_OP_NAMES:
         engine.register_updatable_op(name)
+    engine.register_observed_op(_library.DEVICE_METADATA_OP_NAME, _device_lengths_read)
+
+
+def _device_lengths_read(arguments: dict[str, Any]) -> dict[str, Any]:
+    """What ``fia_device_metadata`` read as it ran: its buffers as host lists (cumulative query
+    ends, per-request KV lengths), one entry per request slot of ``max_num_reqs``."""
+    slots = int(arguments["max_num_reqs"])
+    starts = arguments["query_start_loc"][: slots + 1].tolist()
+    return {"actual_seq_lengths": starts[1:], "actual_seq_lengths_kv": arguments["seq_lens_kv"][:slots].tolist()}
+
+
+def observe_device_lengths(T: int, actual_seq_lengths: Sequence[int], actual_seq_lengths_kv: Sequence[int],
+                           block_table_shape: tuple[int, ...], block_size: int) -> None:
+    """Record the FIA invariant of the device-metadata attention: the lengths its buffers hold
+    (what the kernel will read) against the query's ``T``, under the active contract, as one
+    :class:`FiaCall` of kind ``device_metadata`` with those lists. Nothing raises: a device
+    kernel has no host tiling to refuse the call; the check reads the record."""
+    name = resolve_contract(None)
+    q, kv = list(actual_seq_lengths), list(actual_seq_lengths_kv)
+
+    def problem(contract: FiaContract) -> str | None:
+        try:
+            check_fia_lengths(T, q, kv, block_table_shape, block_size, contract)
+        except (FiaArgumentError, FiaContractError) as error:
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    strict, relaxed = problem("strict"), problem("relaxed")
+    error = strict if name == "strict" else relaxed if name == "relaxed" else None
+    record_fia_call(FiaCall("device_metadata", T, tuple(q), tuple(kv), len(q), name, strict is None,
+                            strict is None or relaxed is None, error, tags=current_tags()))
 
 
 # --------------------------------------------------------------------------- validation

@@ -491,6 +491,8 @@ torch.library.register_fake(f"{NAMESPACE}::fia_device_metadata", _device_metadat
 
 #: Schema names (``func._schema.name``) whose host arguments a task-group update may replace.
 FIA_OP_NAME = f"{NAMESPACE}::npu_fused_infer_attention_score"
+#: The device-metadata attention (lengths in device buffers, read when the kernel runs).
+DEVICE_METADATA_OP_NAME = f"{NAMESPACE}::fia_device_metadata"
 #: torch_npu's ``_npu_paged_attention`` (defined in :mod:`harness.ops.paged_attention`).
 PAGED_ATTENTION_OP_NAME = f"{NAMESPACE}::npu_paged_attention"
 UPDATABLE_OP_NAMES: tuple[str, ...] = (FIA_OP_NAME, PAGED_ATTENTION_OP_NAME)

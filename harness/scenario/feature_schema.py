@@ -23,6 +23,8 @@ CORE_FIXES = {
     "fia_padding": "Dummy-request padding for the FIA check.",
     "host_param_update": "Per-layer task-group update of FIA host parameters after replay.",
     "static_inputs": "Copy inputs into the static buffers before replay (false: write to a fresh tensor).",
+    "refresh_device_buffers": "Refresh the device buffer of the per-request KV lengths (seq_lens) before each "
+                              "FULL replay on the device-buffer attention path (false: it keeps the capture's).",
 }
 
 

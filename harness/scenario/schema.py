@@ -30,6 +30,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
 from . import bounds as L
+from harness.graph.capability import ATTENTION_BACKENDS
 from harness.graph.kv_slots import kv_slots
 from harness.graph.modes import CUDAGraphMode
 from harness.names import CheckName as _CheckName
@@ -211,6 +212,14 @@ class GraphSpec(_Base):
         default=None, description="User max capture size; null = the platform default max."
     )
     warmup_runs: NonNeg(L.MAX_WARMUP_RUNS) = 1
+    attention_backend: Literal[tuple(ATTENTION_BACKENDS)] = Field(  # type: ignore[valid-type]
+        default="ascend", description="The attention backend whose declared graph support (AttentionCGSupport) "
+        "the engine resolves the graph mode from: " + ", ".join(
+            f"{b.name} ({b.support.name})" for b in ATTENTION_BACKENDS.values()) + ".")
+    attention_metadata: Literal["auto", "host_lists", "device_buffers"] = Field(
+        default="auto", description="Where FULL graphs keep attention's lengths: host lists updated in the graph "
+        "after each replay (ACL graph task groups), device buffers refreshed before each replay (FlashAttention "
+        "on CUDA), or auto: host lists where the engine can update them, device buffers elsewhere.")
     debug_input_addresses: bool = Field(
         default=False, description="Check at every replay that each input is at its captured address and "
         "raise when not (vLLM's debug mode, VLLM_LOGGING_LEVEL=DEBUG); off by default, as upstream.")
@@ -327,6 +336,8 @@ class Workload(_Base):
 # Generated from the feature registry: each feature owns its settings and its fix switches.
 Fixes = build_fixes_model(_Base, ConsistencyError)
 Features = build_features_model(_Base, ConsistencyError)
+# Built at run time, but importable by these names: a scenario pickles (ranks receive resolved items).
+Fixes.__module__ = Features.__module__ = __name__
 
 
 class Tolerance(_Base):

@@ -18,7 +18,7 @@ import ranks as ranks_bench  # noqa: E402
 import suite_speed  # noqa: E402
 
 from harness.scenario import load_scenario_file  # noqa: E402
-from harness.session import world_size  # noqa: E402
+from harness.resolve import resolve_item  # noqa: E402
 
 
 def _ids(path: str) -> set[str]:
@@ -33,10 +33,10 @@ def test_every_budget_item_of_the_suite_benchmark_exists(path, ident):
 def test_the_two_rank_items_exist_and_have_two_ranks():
     points = {p.id: p for p in load_scenario_file(ROOT / "scenarios/features/feature_matrix.yaml")}
     for ident in suite_speed.TWO_RANK_ITEMS:
-        assert world_size(points[ident].scenario) == 2, ident
+        assert resolve_item(points[ident].scenario).world_size == 2, ident
 
 
 def test_the_rank_benchmark_items_have_the_world_size_they_stand_for():
     points = {p.id: p for p in load_scenario_file(ROOT / "scenarios/cross_product/cross_product.yaml")}
     for world, ident in ranks_bench.ITEMS.items():
-        assert world_size(points[ident].scenario) == world, ident
+        assert resolve_item(points[ident].scenario).world_size == world, ident

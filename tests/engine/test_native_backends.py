@@ -195,9 +195,8 @@ def _paged_attention_call(**over):
 
 
 def test_the_session_installs_the_engines_paged_attention_and_restores_the_reference():
-    """``capabilities.native_paged_attention`` routes ``_npu_paged_attention`` to the device op with
+    """``engine.native_paged_attention()`` routes ``_npu_paged_attention`` to the device op with
     torch_npu's keyword names (as vLLM Ascend calls it); an engine without it gets the reference."""
-    from dataclasses import replace
     from types import SimpleNamespace
 
     from harness.session import install_native_ops
@@ -213,8 +212,9 @@ def test_the_session_installs_the_engines_paged_attention_and_restores_the_refer
         return torch.empty(3, dtype=torch.uint8)
 
     emulated = load("emulated")
-    device = SimpleNamespace(capabilities=replace(emulated.capabilities,
-                                                  native_paged_attention=lambda: (native_op, native_workspace)))
+    device = SimpleNamespace(native_attention=emulated.native_attention,
+                             native_paged_attention=lambda: (native_op, native_workspace),
+                             collective_ops=emulated.collective_ops)
     reference = _paged_attention_call()
     try:
         install_native_ops(device)
@@ -236,7 +236,7 @@ def test_npu_backend_declares_torch_npus_own_attention_kernels():
         pytest.skip("torch_npu is installed but sees no NPU device")
     import torch_npu
 
-    caps = load("npu").capabilities
-    assert caps.native_attention()[0] is torch_npu.npu_fused_infer_attention_score
-    assert caps.native_paged_attention() == (torch_npu._npu_paged_attention,
-                                             torch_npu._npu_paged_attention_get_workspace)
+    npu = load("npu")
+    assert npu.native_attention()[0] is torch_npu.npu_fused_infer_attention_score
+    assert npu.native_paged_attention() == (torch_npu._npu_paged_attention,
+                                            torch_npu._npu_paged_attention_get_workspace)

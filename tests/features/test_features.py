@@ -175,17 +175,16 @@ def _ep_point(tmp_path, fix_on: bool):
 
 
 def test_an_outside_feature_declares_everything_and_needs_no_harness_change(expert_parallel, tmp_path):
-    from harness import session
+    from harness.resolve import resolve_item
     from harness.scenario import Scenario, ScenarioError, load_scenario_text
 
     assert issubclass(expert_parallel, Feature) and expert_parallel.marker
     point = _ep_point(tmp_path, fix_on=False)
     scenario = point.scenario
     assert scenario.fixes.model_dump()["ep_padding"] is False  # its own fix switch
-    features = session.scenario_features(scenario)
-    assert [f.name for f in features] == ["ep"] and session.world_size(scenario) == 2
-    sizes, _ = session.capture_sizes(scenario, features)
-    assert sizes == [2, 4]  # its capture-size constraint
+    item = resolve_item(scenario)
+    assert [f.name for f in item.features] == ["ep"] and item.world_size == 2
+    assert list(item.capture_sizes) == [2, 4]  # its capture-size constraint
     with pytest.raises(Exception, match="size"):  # its settings are typed: a string is refused
         Scenario.model_validate({"workload": {"requests": [{"prompt_len": 2, "output_len": 2}]},
                                  "features": {"ep": {"size": "two"}}})

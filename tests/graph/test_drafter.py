@@ -16,6 +16,7 @@ from harness.engine import load
 from harness.graph.pipeline import run_pipeline
 from harness.graph.record import RunRecord
 from harness.scenario import load_scenario_text
+from harness.resolve import resolve_item
 from harness.session import build_spec
 
 SCENARIO = """
@@ -35,9 +36,9 @@ workload:
 @pytest.mark.parametrize("k", [1, 2])
 def test_a_drafter_equal_to_the_target_has_every_draft_accepted(k):
     (point,) = load_scenario_text(SCENARIO.replace("K", str(k)))
-    spec, sizes, _ = build_spec(point.scenario)
-    spec = replace(spec, drafter_layers=spec.model.num_layers)
-    record = run_pipeline(spec, load("emulated"), RunRecord("FULL", "emulated", sizes))
+    item = resolve_item(point.scenario)
+    spec = replace(build_spec(item), drafter_layers=item.model.num_layers)
+    record = run_pipeline(spec, load("emulated"), RunRecord("FULL", "emulated", list(item.capture_sizes)))
     assert not record.errors, record.errors
     for path in ("reference", "padded", "graph"):
         stats = record.speculation[path]

@@ -406,9 +406,10 @@ def _capturing_runner(mode: str, streams=None):
     from harness.graph.runner import GraphRunner, RunnerConfig
     from harness.model import build_model
     from harness.model.parallel import make_kv_cache
+    from harness.resolve import resolve_item
     from harness.session import build_spec
 
-    (spec, _, _) = build_spec(_point_scenario(mode))
+    spec = build_spec(resolve_item(_point_scenario(mode)))
     engine = load_engine("emulated")
     engine.reset_device(*([streams] if streams else []))
     model = build_model(spec.model, engine.device)

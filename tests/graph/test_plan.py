@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.resolve import resolve_item, scenario_features
 from harness.graph import plan as plan_module
 from harness.graph.capture_sizes import resolve_capture_sizes
 from harness.graph.dispatcher import Dispatcher
@@ -70,11 +71,11 @@ def count_dispatches(scenario_json: dict, ctx=None) -> dict:
     plan_module.StepPlanner.plan = counted(original_plan, "plan")
     plan_module.StepPlanner.reference = counted(original_reference, "reference")
     try:
-        scenario = Scenario.model_validate(scenario_json)
+        item = resolve_item(Scenario.model_validate(scenario_json))
         if ctx is None:
-            session.run_rank(scenario, "emulated")
+            session.run_rank(item)
         else:
-            session.run_rank(scenario, "emulated", ctx)
+            session.run_rank(item, ctx)
     finally:
         Dispatcher.dispatch = original_dispatch
         plan_module.StepPlanner.plan, plan_module.StepPlanner.reference = original_plan, original_reference
@@ -83,7 +84,6 @@ def count_dispatches(scenario_json: dict, ctx=None) -> dict:
 
 def _rank_counts(rank: int, world: int, scenario_json: dict) -> dict:
     from harness.features.layout import rank_context
-    from harness.session import scenario_features
 
     scenario = Scenario.model_validate(scenario_json)
     return count_dispatches(scenario_json, rank_context(scenario_features(scenario), rank, world))
@@ -131,17 +131,15 @@ def test_sp_and_mtp_compose_capture_sizes_to_multiples_of_lcm():
     assert resolve_capture_sizes(max_num_seqs=8, capture_sizes=[1, 2, 4, 8, 16], constraints=[sp4, k3]) == [4, 8, 16]
 
 
-def test_preflight_and_run_use_the_same_composed_sizes():
+def test_preflight_and_run_use_the_same_resolved_sizes():
     from harness import session
 
     scenario = Scenario.model_validate({**_scenario("FULL", {"sp": {"tp": 2}, "mtp": {"k": 2}}),
                                         "graph": {"mode": "FULL", "capture_sizes": [1, 2, 4, 8]},
                                         "stack": "harness-compose"})
-    features = session.scenario_features(scenario)
     assert session.preflight(scenario) is None
-    sizes, _ = session.capture_sizes(scenario, features)
-    spec, run_sizes, _ = session.build_spec(scenario)
-    assert sizes == run_sizes == list(spec.graph.capture_sizes) == [6]
+    item = resolve_item(scenario)
+    assert list(item.capture_sizes) == list(session.build_spec(item).graph.capture_sizes) == [6]
 
 
 @pytest.mark.parametrize("num_tokens, max_num_seqs, lens", [

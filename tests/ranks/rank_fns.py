@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 import time
 
 import torch
@@ -80,7 +81,7 @@ def sleep_forever(rank: int, world_size: int) -> None:
 HEAVY_MODULES = ("torch._dynamo", "sympy")
 
 
-def scenario_rank_imports(rank: int, world_size: int, scenario_json: dict) -> list[str]:
+def scenario_rank_imports(rank: int, world_size: int, item: Any) -> list[str]:
     """Run one rank of a scenario as the session does; return the heavy modules its job
     imported. (What the rank inherited is the warm server's: a spawned server never imports
     them, tests/ranks checks it; a forked one holds what the harness process had anyway.)"""
@@ -89,5 +90,5 @@ def scenario_rank_imports(rank: int, world_size: int, scenario_json: dict) -> li
     from harness.session import _rank_job
 
     before = {name for name in HEAVY_MODULES if name in sys.modules}
-    _rank_job(rank, world_size, scenario_json, "emulated")
+    _rank_job(rank, world_size, item)
     return [name for name in HEAVY_MODULES if name in sys.modules and name not in before]

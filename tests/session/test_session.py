@@ -60,11 +60,11 @@ workload:
 
 def test_tp_ranks_compute_the_reference_once_and_rank_0_compares_it():
     from harness.ranks import run_ranks
+    from harness.resolve import resolve_item
     from harness.session import _rank_job, dispatch_rows
 
     (point,) = load_scenario_text(TP2)
-    out = run_ranks(_rank_job, 2, args=(point.scenario.model_dump(mode="json"), "emulated",
-                                        dispatch_rows(point.scenario)), timeout=300)
+    out = run_ranks(_rank_job, 2, args=(resolve_item(point.scenario), dispatch_rows(point.scenario)), timeout=300)
     assert out.ok, out.report()
     (first, first_checks), (second, second_checks) = out.results
     assert first.reference_here and not second.reference_here

@@ -12,7 +12,8 @@ from harness import session
 from harness.graph.dispatcher import Dispatcher
 from harness.graph.modes import CUDAGraphMode
 from harness.scenario import load_scenario_text
-from harness.session import PASSED, SKIPPED, XFAILED, run_point
+from harness.resolve import resolve_item
+from harness.session import PASSED, SKIPPED, XFAILED, preflight, run_point
 from harness.stacks import DEFAULT_STACK, PROFILES, profile
 
 BASE = """
@@ -39,27 +40,24 @@ def test_profiles_are_named_and_the_default_is_the_newest_release():
 
 def test_budget_policy_is_the_stacks_unless_the_scenario_names_one():
     text = "graph: {mode: PIECEWISE, max_num_seqs: 512}\n"
-    assert session.budget_policy(_scenario(text, "v0.18.0").scenario) == "legacy"
-    assert session.budget_policy(_scenario(text, "v0.23.0").scenario) == "none"
+    budget = resolve_item(_scenario(text, "v0.18.0").scenario).budget
+    assert budget.explanation.startswith("MAX=1800")  # legacy update_aclgraph_sizes
+    assert resolve_item(_scenario(text, "v0.23.0").scenario).budget.max_num_sizes is None  # no budget after PR #9962
     own = _scenario(text + "engine: {budget_policy: none}\n", "v0.18.0").scenario
-    assert session.budget_policy(own) == "none"
-    _, budget = session.capture_sizes(_scenario(text, "v0.18.0").scenario, [])
-    assert budget["explanation"].startswith("MAX=1800")  # legacy update_aclgraph_sizes
-    _, budget = session.capture_sizes(_scenario(text, "v0.23.0").scenario, [])
-    assert budget["max_num_sizes"] is None  # no budget after PR #9962
+    assert resolve_item(own).budget.max_num_sizes is None
 
 
 def test_off_grid_max_num_batched_tokens_by_stack():
     text = "graph: {mode: FULL, max_num_seqs: 512}\n"
-    older = session.capture_sizes(_scenario(text, "v0.18.0", tokens=257).scenario, [])[0]
-    newer = session.capture_sizes(_scenario(text, "v0.23.0", tokens=257).scenario, [])[0]
+    older = list(resolve_item(_scenario(text, "v0.18.0", tokens=257).scenario).capture_sizes)
+    newer = list(resolve_item(_scenario(text, "v0.23.0", tokens=257).scenario).capture_sizes)
     assert older[-1] == 256 and newer[-2:] == [256, 257]
 
 
 def test_off_grid_max_num_seqs_by_stack():
     text = "graph: {mode: FULL_DECODE_ONLY, max_num_seqs: 12}\n"
-    assert session.capture_sizes(_scenario(text, "main").scenario, [])[0] == [1, 2, 4, 8]
-    assert session.capture_sizes(_scenario(text, "main+pr16623").scenario, [])[0] == [1, 2, 4, 8, 12]
+    assert list(resolve_item(_scenario(text, "main").scenario).capture_sizes) == [1, 2, 4, 8]
+    assert list(resolve_item(_scenario(text, "main+pr16623").scenario).capture_sizes) == [1, 2, 4, 8, 12]
 
 
 def test_mixed_full_keys_carry_num_reqs_on_newer_stacks():
@@ -78,8 +76,8 @@ def test_spec_decode_with_sp_is_refused_upstream_and_composed_by_the_harness_alt
     assert refused.outcome == SKIPPED
     assert "the real engine refuses to start" in refused.verdict and "both a multiple of 3" in refused.verdict
     composed = _scenario(text, "harness-compose").scenario
-    assert session.capture_sizes(composed, session.scenario_features(composed))[0] == [6]
-    assert session.preflight(_scenario(text).scenario) is None  # not a bad file: a skip at run time
+    assert list(resolve_item(composed).capture_sizes) == [6]
+    assert preflight(_scenario(text).scenario) is None  # not a bad file: a skip at run time
 
 
 def test_spec_decode_rounding_only_with_a_full_decode_routine():
@@ -87,7 +85,7 @@ def test_spec_decode_rounding_only_with_a_full_decode_routine():
     for mode, expected in (("PIECEWISE", [1, 2, 4, 8]), ("NONE", [1, 2, 4, 8]), ("FULL", [3, 6]),
                            ("FULL_DECODE_ONLY", [3, 6]), ("FULL_AND_PIECEWISE", [3, 6])):
         s = _scenario(text.format(mode=mode)).scenario
-        assert session.capture_sizes(s, session.scenario_features(s))[0] == expected, mode
+        assert list(resolve_item(s).capture_sizes) == expected, mode
 
 
 def test_sizes_above_max_num_batched_tokens_are_dropped_and_the_report_says_so():

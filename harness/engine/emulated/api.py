@@ -12,24 +12,21 @@ from typing import Any, Iterator
 
 from .. import EMULATED_DEVICE_NAME
 from ..errors import TaskUpdateError
-from ..protocol import Capabilities, DeviceRules, StreamConfig
+from ..protocol import CAPABILITIES, DeviceRules, StreamConfig
 from . import tensors
 from .device import EmulatedDevice
 from .graph import NPUGraph as _NPUGraph
 from .graph import TaskGroupHandle, TaskUpdateMode, graph_context, task_group_begin, task_group_end
 from . import collectives, rng
 from .pool import PoolHandle
-from .recorder import register_updatable_op
+from .recorder import register_observed_op, register_updatable_op
 from .streams import ExternalEvent
 from .streams import Stream as _Stream
 
 name = "emulated"
 device = tensors.install()  # torch.device("npu", 0): the emulated NPU's own memory (.tensors)
 device_type = device.type
-# The same CPU kernels on the same shapes: replay equals eager bit for bit. The ranks of a host
-# exchange through shared memory (.collectives), not gloo's loopback TCP.
-capabilities = Capabilities(task_updates=True, bitwise_replay=True, stream_pool=True,
-                            reports_executed_arguments=True, collective_ops=lambda: collectives.OPS)
+capabilities = CAPABILITIES[name]
 
 _device = EmulatedDevice()
 tensors.attach(_device)
@@ -62,6 +59,19 @@ def device_work() -> dict[str, int]:
     and replayed graph operations) and bytes of device memory allocated (graph pools included)."""
     pools = sum(p.bytes_reserved for p in _device.pools.pools.values())
     return {"kernels": _device.kernels + _device.replayed_kernels, "bytes_allocated": _device.bytes_allocated + pools}
+
+
+def native_attention() -> None:
+    """None: the harness's reference FIA is this device's attention."""
+
+
+def native_paged_attention() -> None:
+    """None: the harness's reference paged attention is this device's."""
+
+
+def collective_ops() -> Any:
+    """The ranks of a host exchange through shared memory (.collectives), not gloo's loopback TCP."""
+    return collectives.OPS
 
 
 def weak_ref_tensor(tensor: Any) -> Any:
@@ -161,7 +171,7 @@ def synchronize() -> None:
 __all__ = [
     "ExternalEvent", "NPUGraph", "Stream", "current_stream", "device", "device_work", "graph", "graph_pool_handle",
     "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
-    "graph_task_update_end", "register_updatable_op", "stream", "synchronize",
+    "graph_task_update_end", "register_observed_op", "register_updatable_op", "stream", "synchronize",
     "manual_seed", "initial_seed", "get_rng_state", "set_rng_state", "weak_ref_tensor",
 ]
 

@@ -58,6 +58,16 @@ def register_updatable_op(qualified_name: str) -> None:
     UPDATABLE_OPS.add(qualified_name)
 
 
+#: Ops whose kernel reads values a check wants to know (lengths in device buffers): op name ->
+#: a reader of the op's arguments (by schema name, device data) run as the replay runs the op.
+OBSERVED_OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+
+
+def register_observed_op(qualified_name: str, reader: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Have every replay report what ``reader`` reads off the op's arguments when it runs."""
+    OBSERVED_OPS[qualified_name] = reader
+
+
 @dataclass(eq=False)
 class OpNode:
     index: int
@@ -83,13 +93,16 @@ class OpNode:
                 return
         raise KeyError(f"{self.name} has no argument {name!r}")
 
+    def bound(self) -> dict[str, Any]:
+        """The op's arguments by schema name, as the tape holds them now."""
+        bound = dict(zip([a.name for a in self.func._schema.arguments], self.args))
+        bound.update(self.kwargs)
+        return bound
+
     def host_arguments(self) -> dict[str, Any]:
         """The op's schema name and its non-tensor arguments by name, as the tape holds them now."""
-        names = [a.name for a in self.func._schema.arguments]
-        bound = dict(zip(names, self.args))
-        bound.update(self.kwargs)
         return {"op": self.func._schema.name,
-                **{k: v for k, v in bound.items() if not isinstance(v, torch.Tensor)}}
+                **{k: v for k, v in self.bound().items() if not isinstance(v, torch.Tensor)}}
 
     def run(self) -> None:
         if self.kind in ("view", "allocation"):
@@ -319,8 +332,12 @@ def replay_steps(nodes: list[Node], label: str, executed: list[dict[str, Any]] |
     for node in nodes:
         if isinstance(node, OpNode):
             node.run()
-            if executed is not None and (node.group is not None or node.func._schema.name in UPDATABLE_OPS):
-                executed.append(node.host_arguments())
+            if executed is not None:
+                name = node.func._schema.name
+                if node.group is not None or name in UPDATABLE_OPS:
+                    executed.append(node.host_arguments())
+                elif name in OBSERVED_OPS:
+                    executed.append({"op": name, **OBSERVED_OPS[name](node.bound())})
         elif node.kind == "rng":  # save/restore a generator state (.rng)
             node.run()
         elif node.kind == "wait":

@@ -30,6 +30,7 @@ on), measured in ``benchmarks/README.md``. A process that has loaded torch_npu a
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -516,6 +517,10 @@ def install() -> torch.device:
         raise UnsupportedOnBackend(f"the emulated NPU needs torch's PrivateUse1 device, which {owner!r} already "
                                    "owns in this process (torch_npu is loaded): run the emulator in a process "
                                    "without torch_npu")
+    # torch imports its DTensor package (and sympy) on the first dispatch to any tensor subclass:
+    # about 0.6 s, paid here, at start-up, where the warm rank server inherits it, rather than
+    # in the first operation of a rank's job.
+    importlib.import_module("torch.distributed.tensor")
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
     _setup_privateuseone_for_python_backend(DEVICE_TYPE, backend_module=_BackendModule())

@@ -1,0 +1,212 @@
+"""A scenario point resolved: every decision of an item made once, in one typed object.
+
+A point's scenario says what a user asked for; an engine decides what actually runs: the stack
+whose rules apply, the features and their fix switches, the graph mode after the attention
+backend's support and the engine's capabilities had their say (:mod:`harness.graph.capability`),
+the capture sizes every feature's constraints leave, the stream budget's cut, the world size.
+:func:`resolve_item` makes each of those decisions once and returns a frozen
+:class:`ResolvedItem`; collection (preflight), the session, the ranks, the pipeline's spec and
+the checks read it and never derive any of it again. A configuration the real engine refuses
+to start raises :class:`~harness.graph.capture_sizes.EngineRefusal` (the point is skipped with
+the engine's words); one that only this backend cannot run raises
+:class:`~harness.graph.capability.AttentionPathUnavailable`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from harness import features as registry
+from harness.engine.protocol import CAPABILITIES, Capabilities
+from harness.features import Feature, active_features
+from harness.features.layout import axis_sizes
+from harness.graph.capability import ATTENTION_BACKENDS, AttentionPathUnavailable, Resolution, resolve
+from harness.graph.capture_sizes import EngineRefusal, SizeResolution, resolve_sizes
+from harness.graph.modes import CUDAGraphMode, parse_mode
+from harness.graph.plan import dummy_request_lens
+from harness.graph.stream_budget import BudgetDecision, stream_budget
+from harness.model.config import ModelConfig
+from harness.model.parallel import tp_split_problem
+from harness.scenario import Scenario
+from harness.scenario.bounds import MAX_WORLD_SIZE
+from harness.stacks import StackProfile, profile
+
+__all__ = ["ItemProblem", "PointSkipped", "ResolvedItem", "model_config", "resolve_item", "scenario_features"]
+
+
+class PointSkipped(Exception):
+    """A point that cannot run (not a bad file): the real engine refuses to start with it, the
+    harness does not model it, or this backend lacks what it needs. The item is skipped with
+    ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ItemProblem(ValueError):
+    """A scenario the harness cannot run as written (a bad file): the field to change, and why.
+
+    Raised where the schema cannot see the problem (the feature registry, the model's rules,
+    the capture sizes a feature leaves); collection turns it into an error naming the file,
+    the line of ``field`` and the message."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+@dataclass(frozen=True)
+class ResolvedItem:
+    """One scenario point with every decision made (see the module docstring).
+
+    ``capabilities`` are the backend's (:data:`harness.engine.protocol.CAPABILITIES`); the
+    emulator's when the item was resolved without one (collection)."""
+
+    scenario: Scenario  # the overrides of the run applied (--fia-contract, --stack)
+    backend: str
+    capabilities: Capabilities
+    stack: StackProfile
+    features: tuple[Feature, ...]
+    world_size: int
+    uniform_decode_query_len: int  # q = 1 + the draft tokens a request verifies per step
+    graph: Resolution  # the effective graph mode and attention path
+    sizes: SizeResolution  # capture sizes before the stream budget, with the engine's notes
+    budget: BudgetDecision  # the stream-budget policy's cut
+    model: ModelConfig
+
+    @property
+    def mode(self) -> CUDAGraphMode:
+        return self.graph.mode
+
+    @property
+    def capture_sizes(self) -> tuple[int, ...]:
+        return tuple(self.budget.sizes_kept)
+
+    @property
+    def budget_report(self) -> dict[str, Any]:
+        return asdict(self.budget)
+
+    @property
+    def notes(self) -> list[str]:
+        """What the engine would have logged on the way here (a report shows them)."""
+        return [f"stack {self.stack.name}: {self.stack.summary}", *self.graph.warnings, *self.sizes.notes]
+
+
+def scenario_features(scenario: Scenario) -> list[Feature]:
+    """The scenario's enabled features, each with its typed settings and fix switches."""
+    settings = {name: getattr(scenario.features, name) for name in scenario.features.model_dump()}
+    return active_features(settings, scenario.fixes.model_dump())
+
+
+def model_config(scenario: Scenario) -> ModelConfig:
+    m = scenario.model
+    return ModelConfig(kind=m.kind, num_layers=m.layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
+                       num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, vocab_size=m.vocab_size,
+                       dtype=m.dtype, seed=m.seed, block_size=m.block_size, num_blocks=m.num_blocks,
+                       max_model_len=m.max_model_len)
+
+
+def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract: str | None = None,
+                 stack: str | None = None) -> ResolvedItem:
+    """Resolve ``scenario`` for ``backend`` (a resolved name: emulated, cuda or npu).
+
+    ``fia_contract`` overrides the scenario's contract (``--fia-contract``); ``stack`` is the
+    profile of a scenario that names none (``--stack``). Raises :class:`ItemProblem` for what the
+    harness cannot run as written (checked first, so a bad file is reported even where the point
+    would be skipped) and :class:`PointSkipped` for a point that cannot run."""
+    if fia_contract is not None:
+        scenario = scenario.model_copy(update={"fia_contract": fia_contract})
+    if stack is not None and scenario.stack is None:
+        scenario = scenario.model_copy(update={"stack": profile(stack).name})
+    capabilities = CAPABILITIES[backend]
+    try:
+        features = tuple(scenario_features(scenario))
+    except ValueError as error:
+        raise ItemProblem("features", str(error)) from None
+    model = _model(scenario, features)
+    skip = _unsupported(scenario, features)
+    stack_profile = profile(scenario.stack)
+    q = registry.uniform_decode_query_len(list(features))
+    g = scenario.graph
+    try:
+        graph = resolve(parse_mode(g.mode), ATTENTION_BACKENDS[g.attention_backend], uniform_decode_query_len=q,
+                        task_updates=capabilities.task_updates, metadata=g.attention_metadata)
+    except EngineRefusal as refusal:
+        raise PointSkipped(skip or _refused(refusal)) from None
+    except AttentionPathUnavailable as unavailable:
+        raise PointSkipped(skip or f"unsupported on {backend}: {unavailable}") from None
+    try:
+        sizes = resolve_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform, num_speculative_tokens=q - 1,
+                              capture_sizes=g.capture_sizes, max_capture_size=g.max_capture_size,
+                              max_num_batched_tokens=scenario.workload.max_num_batched_tokens,
+                              constraints=registry.size_constraints(list(features)),
+                              decode_full=graph.mode.decode_mode() is CUDAGraphMode.FULL,
+                              spec_sp_multiple=stack_profile.spec_sp_multiple,
+                              capture_max_num_batched_tokens=stack_profile.capture_max_num_batched_tokens,
+                              capture_max_num_seqs=stack_profile.capture_max_num_seqs)
+    except EngineRefusal as refusal:
+        raise PointSkipped(skip or _refused(refusal)) from None
+    except ValueError as error:
+        field = "graph.max_capture_size" if "max_cudagraph_capture_size" in str(error) else "graph.capture_sizes"
+        raise ItemProblem(field, str(error)) from None
+    _check_dummy_batches(scenario, graph.mode, sizes.sizes, model)
+    if skip:
+        raise PointSkipped(skip)
+    policy = scenario.engine.budget_policy or stack_profile.budget_policy
+    legacy = {} if policy != "legacy" else dict(
+        num_layers=scenario.model.layers, mode=graph.mode, hccl_mode=scenario.engine.hccl_mode,
+        **registry.budget_inputs(list(features)))
+    budget = stream_budget(policy, sizes.sizes, **legacy)
+    world = registry.world_size(list(features))
+    if world > MAX_WORLD_SIZE:
+        raise ItemProblem("features", f"the features need {world} ranks (one process each), above the maximum "
+                                      f"world size of {MAX_WORLD_SIZE}")
+    return ResolvedItem(scenario, backend, capabilities, stack_profile, features, world, q, graph, sizes, budget,
+                        model)
+
+
+def _unsupported(scenario: Scenario, features: tuple[Feature, ...]) -> str | None:
+    """Why a feature cannot run this point (the harness does not model it, or the real engine
+    refuses), else None."""
+    data = scenario.model_dump(mode="json")
+    for feature in features:
+        reason = feature.unsupported(data)
+        if reason:
+            return f"{feature.name}: {reason}"
+    return None
+
+
+def _refused(refusal: EngineRefusal) -> str:
+    return f"the real engine refuses to start (unsupported by design): {refusal}"
+
+
+def _model(scenario: Scenario, features: tuple[Feature, ...]) -> ModelConfig:
+    """The model config, and a model the TP ranks can split (else the field to change)."""
+    try:
+        config = model_config(scenario)
+    except ValueError as error:
+        fields = type(scenario.model).model_fields
+        named = next((f for f in fields if f in str(error)), None)
+        raise ItemProblem(f"model.{named}" if named else "model", str(error)) from None
+    tp = dict(axis_sizes(list(features))).get("tp", 1)
+    if tp > 1 and (split := tp_split_problem(config, tp)) is not None:
+        field, message = split  # the MLP width is twice model.hidden_size: that is the field to change
+        raise ItemProblem(f"model.{'hidden_size' if field == 'intermediate_size' else field}",
+                          f"{message}, with features.sp.tp={tp}")
+    return config
+
+
+def _check_dummy_batches(scenario: Scenario, mode: CUDAGraphMode, sizes: list[int], model: ModelConfig) -> None:
+    """A mixed graph is captured on a dummy batch (vLLM's ``_dummy_run``): none may outgrow
+    ``max_model_len``, or the capture runs a shape no real batch has."""
+    if mode.mixed_mode() is CUDAGraphMode.NONE:
+        return
+    seqs, max_len = scenario.graph.max_num_seqs, model.max_model_len
+    for size in sizes:
+        if (longest := max(dummy_request_lens(size, seqs))) > max_len:
+            raise ItemProblem("graph.capture_sizes", (
+                f"capture size {size} with graph.max_num_seqs {seqs} is captured on a dummy request of "
+                f"{longest} tokens, above model.max_model_len {max_len}: no real batch has that shape; "
+                "drop the size or raise max_num_seqs"))
