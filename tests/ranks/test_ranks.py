@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import json
+import multiprocessing.process
 import pickle
 import signal
 import subprocess
@@ -39,7 +40,7 @@ def workdirs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             made.append(path)
         return path
 
-    monkeypatch.setattr(ranks.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     return made
 
 
@@ -314,7 +315,7 @@ def test_an_interrupted_run_ends_its_ranks(workdirs: list[str]) -> None:
 
     assert run_ranks(rank_fns.parent_pid, 1, timeout=60).ok  # the warm server is up: ranks start in ms
     seen: list[int] = list(ranks.pool_pids())  # the run takes the idle worker, and forks one more
-    real_start = ranks.multiprocessing.process.BaseProcess.start
+    real_start = multiprocessing.process.BaseProcess.start
 
     def start(self):
         real_start(self)
@@ -323,7 +324,7 @@ def test_an_interrupted_run_ends_its_ranks(workdirs: list[str]) -> None:
     previous = signal.signal(signal.SIGALRM, on_alarm)
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ranks.multiprocessing.process.BaseProcess, "start", start)
+            mp.setattr(multiprocessing.process.BaseProcess, "start", start)
             signal.setitimer(signal.ITIMER_REAL, 3.0)
             with pytest.raises(Limit):
                 run_ranks(rank_fns.skip_collective_on_rank1, 2, timeout=120)
