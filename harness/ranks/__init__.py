@@ -11,7 +11,9 @@ The package, one job per module:
 * :mod:`.run`: :func:`run_ranks` and :func:`run_in_process`, the caller's side of one run;
 * :mod:`.pool`: the warm rank workers, reused across runs (:func:`close_pool`, :func:`pool_pids`);
 * :mod:`.server`: the warm fork server they are forked from (:func:`warm_server_pid`);
-* :mod:`.supervise`: the watch over a run's processes (results, deaths, timeouts, stack dumps);
+* :mod:`.supervise`: the watch over a run's processes (results, deaths, timeouts);
+* :mod:`.stranded`: a run that can no longer finish because a rank has (a peer waits for it);
+* :mod:`.stacks`: where a live rank stands, seen from outside (its Python stacks, its CPU time);
 * :mod:`.protocol`: the job a rank receives and the files it leaves (log, ready mark, result);
 * :mod:`.worker`: the rank's own side (a warm worker's loop, a spawned rank's one job);
 * :mod:`.outcome`: :class:`RanksOutcome` and :class:`RankFailure`.

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 __all__ = ["FailureKind", "RankFailure", "RanksOutcome"]
 
-FailureKind = Literal["exception", "crash", "timeout"]
+FailureKind = Literal["exception", "crash", "timeout", "hang"]
 
 
 @dataclass(frozen=True)
@@ -16,8 +16,9 @@ class RankFailure:
 
     ``kind`` is ``"exception"`` (``fn`` or the rank's setup raised; ``traceback`` holds the
     formatted traceback), ``"crash"`` (the process exited without reporting: segfault,
-    ``os._exit``, killed; ``message`` holds the exit code) or ``"timeout"`` (still running at the
-    deadline, or ended after another rank failed).
+    ``os._exit``, killed; ``message`` holds the exit code), ``"timeout"`` (still running at the
+    deadline, or ended after another rank failed) or ``"hang"`` (waiting in a collective that a
+    finished peer will never join; ``traceback`` holds its stacks, :mod:`harness.ranks.stranded`).
     """
 
     rank: int

@@ -24,7 +24,8 @@ from typing import Any, Callable
 
 from .protocol import Job
 from .server import warm_context
-from .supervise import alive, end_and_close
+from .stacks import alive
+from .supervise import end_and_close
 from .worker import worker_main
 
 __all__ = ["POOL", "Pool", "Worker", "close_pool", "pool_pids"]

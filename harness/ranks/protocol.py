@@ -9,7 +9,8 @@ in its run's temp dir (its log, its ready mark, its result).
 * **Logs per rank.** The rank points file descriptors 1 and 2 at ``rank<r>.log`` (C-level
   output from gloo/NCCL/HCCL is caught too); the outcome carries the tail of each log.
 * **Marks.** ``rank<r>.ready`` once the rank runs with torch imported (the run's timeout counts
-  from there).
+  from there); ``rank<r>.finished`` once its function has returned (from then on it joins no
+  collective but the end-of-job barrier: a peer that waits for it in one waits forever).
 * **Where the temp dir lives.** In memory (:data:`SHM_DIR`) where there is room: the emulator's
   shared-memory collectives keep their files there too.
 """
@@ -23,16 +24,20 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Job", "LOG_TAIL_BYTES", "SHM_DIR", "SHM_MIN_FREE_BYTES", "STACK_MARKER", "describe", "log_path",
-           "log_tail", "mtime", "read_from", "read_result", "ready_path", "result_path", "run_dir_root",
-           "write_result"]
+__all__ = ["Job", "LOG_TAIL_BYTES", "SHM_DIR", "SHM_MIN_FREE_BYTES", "STACKS_END", "STACK_MARKER", "describe",
+           "finished_path", "log_path", "log_tail", "mtime", "read_from", "read_result", "ready_path", "result_path",
+           "run_dir_root", "without_stacks", "write_result"]
 
 LOG_TAIL_BYTES = 20_000
 """How much of each rank's log the outcome keeps (the end of it: where the error is)."""
 
 STACK_MARKER = "--- graph-harness: the rank's Python stacks when it ran out of time ---\n"
 """Written into a rank's log before it is asked for its stacks: the log the outcome keeps ends
-here (the dump is the failure's traceback, not repeated in the log)."""
+here (the dump is the failure's traceback, not repeated in the log)..."""
+
+STACKS_END = "--- graph-harness: end of the rank's stacks (it ran on) ---\n"
+"""... unless the dump was followed by this line: the harness looked and the rank ran on (see
+:func:`without_stacks`)."""
 
 SHM_DIR = "/dev/shm"
 SHM_MIN_FREE_BYTES = 1 << 30
@@ -65,6 +70,10 @@ def ready_path(workdir: str, rank: int) -> str:
     return os.path.join(workdir, f"rank{rank}.ready")
 
 
+def finished_path(workdir: str, rank: int) -> str:
+    return os.path.join(workdir, f"rank{rank}.finished")
+
+
 def write_result(workdir: str, rank: int, data: bytes) -> None:
     path = result_path(workdir, rank)
     with open(path + ".tmp", "wb") as f:
@@ -93,6 +102,22 @@ def log_tail(workdir: str, rank: int) -> str:
         return ""
     text = data.decode("utf-8", errors="replace")
     return text if size <= LOG_TAIL_BYTES else "[...]\n" + text
+
+
+def without_stacks(log: str) -> str:
+    """A rank's log without the stack dumps the harness asked for: each dump from its
+    :data:`STACK_MARKER` to its :data:`STACKS_END`, and a last one that has no end."""
+    kept: list[str] = []
+    rest = log
+    while True:
+        head, marker, tail = rest.partition("\n" + STACK_MARKER)
+        kept.append(head)
+        if not marker:
+            break
+        _, end, rest = tail.partition(STACKS_END)
+        if not end:
+            break
+    return "".join(kept)
 
 
 def read_from(path: str, offset: int) -> str:

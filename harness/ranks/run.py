@@ -18,8 +18,9 @@ from harness.engine import RUN_DIR_ENV  # every rank is told its run's temp dir
 
 from .outcome import RankFailure, RanksOutcome
 from .pool import POOL, Worker
-from .protocol import STACK_MARKER, Job, describe, log_tail, run_dir_root
-from .supervise import dump_stacks, end_all, end_and_close, supervise
+from .protocol import Job, describe, log_tail, run_dir_root, without_stacks
+from .stacks import dump_stacks
+from .supervise import end_all, end_and_close, supervise
 from .worker import rank_main
 
 __all__ = ["GLOO_ENV", "MAX_WORLD_SIZE", "START_TIMEOUT_S", "run_in_process", "run_ranks"]
@@ -107,7 +108,7 @@ def run_ranks(
         healthy = warm and not failures and len(over) == world_size  # each worker waits for a job
         if not healthy:
             end_all(procs)
-        logs = [log_tail(workdir, r).partition("\n" + STACK_MARKER)[0] for r in range(world_size)]
+        logs = [without_stacks(log_tail(workdir, r)) for r in range(world_size)]
         failures = [
             RankFailure(f.rank, f.kind, f.message, f.traceback or stacks.get(f.rank), logs[f.rank], f.exitcode, f.at)
             for f in sorted(failures, key=lambda f: f.rank)

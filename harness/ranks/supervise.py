@@ -23,15 +23,14 @@ from multiprocessing.process import BaseProcess
 from typing import Any, Sequence
 
 from .outcome import RankFailure
-from .protocol import STACK_MARKER, log_path, mtime, read_from, read_result, ready_path, result_path
+from .protocol import mtime, read_result, ready_path, result_path
+from .stacks import alive
+from .stranded import StrandWatch, finished_marks, finished_message
 
-__all__ = ["KILL_GRACE_S", "STACK_DUMP_WAIT_S", "alive", "dump_stacks", "end_all", "end_and_close", "supervise"]
+__all__ = ["KILL_GRACE_S", "end_all", "end_and_close", "supervise"]
 
 KILL_GRACE_S = 2.0
 """Time between SIGTERM and SIGKILL when ending a rank."""
-
-STACK_DUMP_WAIT_S = 1.0
-"""How long a timed-out rank gets to write its stacks (:mod:`faulthandler`) before it is ended."""
 
 _POLL_S = 0.1
 """How often the parent looks for a result file from a rank that is still alive."""
@@ -59,6 +58,7 @@ def supervise(
     over = set() if over is None else over
     deadline = start_deadline
     stop_at = deadline
+    strands = StrandWatch(procs, workdir)
     while pending:
         now = time.monotonic()
         if not ready_at and all(os.path.exists(ready_path(workdir, r)) for r in range(n)):
@@ -101,6 +101,15 @@ def supervise(
                 if first_failed is None:
                     first_failed = r
                     stop_at = min(deadline, time.monotonic() + grace)
+        if first_failed is None and ready_at and pending:
+            hung = strands.check(pending, time.monotonic())
+            if hung:
+                failures.extend(hung)
+                pending.difference_update(f.rank for f in hung)
+                first_failed = hung[0].rank
+        if first_failed is not None and len(finished_marks(workdir, pending)) == len(pending):
+            break  # those left have finished and wait in the end-of-job barrier for a failed rank: no grace
+    finished = finished_marks(workdir, pending)
     for r in sorted(pending):
         path = result_path(workdir, r)
         record = read_result(path) if os.path.exists(path) else None
@@ -110,7 +119,11 @@ def supervise(
         if record is not None:
             failures.append(RankFailure(r, "exception", record[1], record[2], at=mtime(path)))
             continue
-        if first_failed is not None and time.monotonic() < deadline:
+        if r in finished and failures:
+            msg = finished_message(sorted({f.rank for f in failures}), "which failed")
+        elif r in finished:
+            msg = finished_message(sorted(pending - finished.keys()), f"until the {timeout:g}s timeout")
+        elif first_failed is not None and time.monotonic() < deadline:
             msg = f"ended after rank {first_failed} failed (grace {grace:g}s)"
         elif not ready_at:
             msg = "did not start within the start-up limit" + (
@@ -119,39 +132,6 @@ def supervise(
             msg = f"did not finish within the {timeout:g}s timeout"
         failures.append(RankFailure(r, "timeout", msg))
     return results, failures
-
-
-def dump_stacks(procs: list[BaseProcess], workdir: str, ranks: list[int]) -> dict[int, str]:
-    """Ask each live rank of ``ranks`` for its Python stacks (SIGUSR1, see
-    :mod:`harness.ranks.worker`); return what each wrote within :data:`STACK_DUMP_WAIT_S`, by rank."""
-    asked: dict[int, int] = {}
-    for r in ranks:
-        if not alive(procs[r]) or procs[r].pid is None:
-            continue
-        path = log_path(workdir, r)
-        try:
-            with open(path, "a") as log:
-                log.write("\n" + STACK_MARKER)
-            asked[r] = os.path.getsize(path)
-            os.kill(procs[r].pid, signal.SIGUSR1)
-        except OSError:  # gone meanwhile
-            asked.pop(r, None)
-    stacks: dict[int, str] = {}
-    seen = dict.fromkeys(asked, -1)
-    limit = time.monotonic() + STACK_DUMP_WAIT_S
-    while asked and time.monotonic() < limit:
-        time.sleep(0.05)
-        for r, size in list(asked.items()):
-            text = read_from(log_path(workdir, r), size)
-            if text and len(text) == seen[r]:  # written, and no longer growing
-                stacks[r] = text.rstrip()
-                del asked[r]
-            seen[r] = len(text)
-    for r, size in asked.items():  # partial, or nothing: say what there is
-        text = read_from(log_path(workdir, r), size).rstrip()
-        if text:
-            stacks[r] = text
-    return stacks
 
 
 def end_all(procs: list[BaseProcess]) -> None:
@@ -180,13 +160,6 @@ def end_and_close(procs: list[BaseProcess]) -> None:
             p.close()
         except ValueError:  # still running: cannot happen after end_all, but never mask
             pass
-
-
-def alive(p: BaseProcess) -> bool:
-    try:
-        return p.is_alive()
-    except ValueError:  # closed process object
-        return False
 
 
 def _exit_message(code: int | None) -> str:

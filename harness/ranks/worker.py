@@ -27,7 +27,7 @@ import threading
 import time
 import traceback
 
-from .protocol import Job, describe, log_path, ready_path, write_result
+from .protocol import Job, describe, finished_path, log_path, ready_path, write_result
 
 __all__ = ["rank_main", "worker_main"]
 
@@ -119,6 +119,7 @@ def _run_job(job: Job) -> bool:
             timeout=datetime.timedelta(seconds=job.group_timeout_s),
         )
         result = fn(job.rank, job.world_size, *args)
+        open(finished_path(job.workdir, job.rank), "wb").close()  # a peer still in a collective waits in vain
         if job.world_size > 1:
             dist.barrier()  # a fast rank must not close its connections while a peer still sets up
         dist.destroy_process_group()

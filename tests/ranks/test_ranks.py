@@ -15,7 +15,6 @@ import pickle
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -26,43 +25,7 @@ import torch
 from harness import ranks
 from harness.ranks import run_in_process, run_ranks
 from tests.ranks import rank_fns
-
-
-@pytest.fixture
-def workdirs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record the temp dirs run_ranks creates, to check they are removed."""
-    made: list[str] = []
-    real = tempfile.mkdtemp
-
-    def mkdtemp(*a, **kw):
-        path = real(*a, **kw)
-        if os.path.basename(path).startswith("graph-harness-ranks-"):  # not multiprocessing's own
-            made.append(path)
-        return path
-
-    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
-    return made
-
-
-def _gone(pid: int) -> bool:
-    """True when no process (not even a zombie) has this pid."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-def _assert_clean(outcome: ranks.RanksOutcome, workdirs: list[str], warm: bool = True) -> None:
-    """No temp dir is left; the ranks of a failed (or spawned) run are gone; those of a clean
-    warm run wait, idle, in the pool, and are gone once it is closed."""
-    assert workdirs and not any(os.path.exists(d) for d in workdirs), workdirs
-    assert outcome.pids
-    if outcome.ok and warm:
-        assert set(outcome.pids) <= set(ranks.pool_pids()), (outcome.pids, ranks.pool_pids())
-        ranks.close_pool()
-        assert not ranks.pool_pids()
-    assert all(_gone(pid) for pid in outcome.pids), outcome.pids
+from tests.ranks.conftest import assert_clean as _assert_clean, gone as _gone
 
 
 def test_all_reduce_results_in_rank_order_and_logs(workdirs: list[str]) -> None:
@@ -389,3 +352,4 @@ def test_scenario_ranks_import_no_dynamo_or_sympy(point_id: str) -> None:
     outcome = run_ranks(rank_fns.scenario_rank_imports, world, args=(scenario.model_dump(mode="json"),), timeout=300)
     assert outcome.ok, outcome.report()
     assert outcome.results == [[], []]
+
