@@ -36,7 +36,7 @@ from harness.graph.stream_budget import stream_budget
 from harness.graph.shape import SINGLE_RANK, RankContext
 from harness.model import DecoderLM, ModelConfig
 from harness.model.parallel import ParallelContext, tp_split_problem, use_collective_ops
-from harness.ranks import run_ranks
+from harness.ranks import device_count, process_group_backend, run_ranks, too_few_devices
 from harness.ops import set_native_impl, set_native_paged_attention
 from harness.scenario import Scenario, ScenarioPoint, locate
 from harness.scenario.bounds import MAX_WORLD_SIZE
@@ -243,6 +243,10 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
         world = registry.world_size(features)
         if world > MAX_WORLD_SIZE:  # collection refuses it; a direct caller gets this
             raise ValueError(f"{world} ranks requested, above the maximum world size of {MAX_WORLD_SIZE}")
+        short = too_few_devices(resolved, world, device_count(resolved)) if world > 1 else None
+        if short:  # one device per rank: NCCL refuses two ranks on one GPU
+            result.verdict = short
+            return result
         if world > 1:
             result.checks, result.record, notes = _run_ranks(scenario, resolved, features)
             result.record.notes.extend(notes)
@@ -413,7 +417,7 @@ def _run_ranks(scenario: Scenario, backend: str, features: list[Feature]) -> tup
     world = registry.world_size(features)
     outcome = run_ranks(_rank_job, world,
                         args=(scenario.model_dump(mode="json"), backend, dispatch_rows(scenario)),
-                        timeout=rank_timeout(scenario))
+                        timeout=rank_timeout(scenario), backend=process_group_backend(backend))
     layout = describe(axis_sizes(features))
     if not outcome.ok:
         record = RunRecord(scenario.graph.mode, backend, [])

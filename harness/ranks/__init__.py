@@ -16,6 +16,7 @@ The package, one job per module:
 * :mod:`.stacks`: where a live rank stands, seen from outside (its Python stacks, its CPU time);
 * :mod:`.protocol`: the job a rank receives and the files it leaves (log, ready mark, result);
 * :mod:`.worker`: the rank's own side (a warm worker's loop, a spawned rank's one job);
+* :mod:`.devices`: ranks on devices (process-group backend, start method, one device per rank);
 * :mod:`.outcome`: :class:`RanksOutcome` and :class:`RankFailure`.
 
 Design, and why:
@@ -43,6 +44,7 @@ Design, and why:
 
 from __future__ import annotations
 
+from .devices import device_count, process_group_backend, rank_device, start_method, too_few_devices
 from .outcome import FailureKind, RankFailure, RanksOutcome
 from .pool import close_pool, pool_pids
 from .protocol import SHM_DIR, run_dir_root
@@ -50,4 +52,5 @@ from .run import GLOO_ENV, MAX_WORLD_SIZE, START_TIMEOUT_S, run_in_process, run_
 from .server import warm_server_pid
 
 __all__ = ["GLOO_ENV", "MAX_WORLD_SIZE", "SHM_DIR", "START_TIMEOUT_S", "FailureKind", "RankFailure", "RanksOutcome",
-           "close_pool", "pool_pids", "run_dir_root", "run_in_process", "run_ranks", "warm_server_pid"]
+           "close_pool", "device_count", "pool_pids", "process_group_backend", "rank_device", "run_dir_root",
+           "run_in_process", "run_ranks", "start_method", "too_few_devices", "warm_server_pid"]

@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 
 from harness.engine import RUN_DIR_ENV  # every rank is told its run's temp dir
 
+from .devices import group_start_method, rank_env
 from .outcome import RankFailure, RanksOutcome
 from .pool import POOL, Worker
 from .protocol import Job, describe, log_tail, run_dir_root, without_stacks
@@ -62,9 +63,11 @@ def run_ranks(
     moment every rank is up; start-up (a warm worker taking the job, forking a new one from the
     warm server, or with ``warm=False`` spawning an interpreter and importing torch) has its own
     limit, ``start_timeout``. After the first failure the remaining ranks get ``grace`` seconds
-    before they are ended. ``env`` (with :data:`GLOO_ENV` and :data:`RUN_DIR_ENV`) is set in
-    every rank before its process group is created
-    (with ``warm=False`` also before torch is imported there).
+    before they are ended. ``env`` (with :data:`GLOO_ENV`, :data:`RUN_DIR_ENV` and the rank's
+    ``LOCAL_RANK``) is set in every rank before its process group is created
+    (with ``warm=False`` also before torch is imported there). A ``backend`` that uses a device
+    (``nccl``, ``hccl``, ``cpu:gloo,cuda:nccl``: :mod:`harness.ranks.devices`) spawns its ranks
+    whatever ``warm`` says, and each rank makes device ``LOCAL_RANK`` its own before its group.
 
     Raises only for caller errors (``world_size`` outside 1..:data:`MAX_WORLD_SIZE`,
     ``fn``/``args`` that do not pickle); everything that goes wrong inside a rank is reported
@@ -76,9 +79,11 @@ def run_ranks(
     # The rank's group timeout is a last resort (e.g. our own parent gone); the parent's
     # deadline should always fire first, so give gloo/NCCL generously more.
     group_timeout_s = timeout + grace + 60.0
+    warm = warm and group_start_method(backend) == "forkserver"  # a device's ranks: never forked
     workdir = tempfile.mkdtemp(prefix="graph-harness-ranks-", dir=run_dir_root())
     job_env = {**GLOO_ENV, **(env or {}), RUN_DIR_ENV: workdir}
-    jobs = [Job(payload, rank, world_size, workdir, backend, job_env, group_timeout_s, tuple(sys.path))
+    jobs = [Job(payload, rank, world_size, workdir, backend, {**job_env, **rank_env(rank)}, group_timeout_s,
+                tuple(sys.path))
             for rank in range(world_size)]
     procs: list[BaseProcess] = []
     workers: list[Worker] = []

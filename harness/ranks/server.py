@@ -60,7 +60,8 @@ def fork_warm_server(preload: list[str]) -> None:
     of seconds of imports (per pytest process, or per xdist worker).
 
     Only when that is safe, which is when no torch thread pool can be running here: torch is
-    imported with one intra-op thread (the pytest plugin sets it) and no process group exists.
+    imported with one intra-op thread (the pytest plugin sets it), no process group exists and no
+    device runtime is initialised (CUDA, or torch_npu imported).
     The server closes every descriptor it inherited but its own and never touches this
     process's objects. Only where the stdlib's server protocol is the one known here (Linux,
     CPython before 3.14, which added an authentication key). Otherwise the server is spawned as
@@ -72,6 +73,8 @@ def fork_warm_server(preload: list[str]) -> None:
         return
     torch = sys.modules.get("torch")
     if torch is None or torch.get_num_threads() != 1:
+        return
+    if torch.cuda.is_initialized() or "torch_npu" in sys.modules:  # a device runtime does not survive a fork
         return
     import torch.distributed as dist
 

@@ -27,6 +27,7 @@ import threading
 import time
 import traceback
 
+from .devices import group_device_type, rank_device
 from .protocol import Job, describe, finished_path, log_path, ready_path, write_result
 
 __all__ = ["rank_main", "worker_main"]
@@ -111,6 +112,9 @@ def _run_job(job: Job) -> bool:
 
         open(ready_path(job.workdir, job.rank), "wb").close()  # started: the run's timeout counts from here
         fn, args = pickle.loads(job.payload)
+        device = group_device_type(job.backend)
+        if device is not None:  # its own device before its group: NCCL refuses two ranks on one GPU
+            rank_device(device)
         dist.init_process_group(
             job.backend,
             init_method=f"file://{job.workdir}/store",

@@ -131,3 +131,8 @@ def pair_goes_on_after_rank2_finished(rank: int, world_size: int, seconds: float
     t = torch.ones(1)
     dist.all_reduce(t, group=pair)
     return int(t.item())
+
+
+def local_rank_env(rank: int, world_size: int) -> tuple[str | None, int]:
+    """What the rank was told of its place on the host, and who started it."""
+    return os.environ.get("LOCAL_RANK"), os.getppid()
