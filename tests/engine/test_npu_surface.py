@@ -4,31 +4,33 @@ torch_npu exists in the torch_npu releases its stack profiles model.
 Each release's wheel is downloaded once (``pip download --no-deps``, into a cache outside the
 repository) and read as files, never installed: torch-npu without CANN breaks ``import torch``.
 The test skips, saying why, where the package index cannot be reached. What the harness uses is
-read from its source (``tests/engine/npu_surface.py``), not from a list kept by hand.
+read from its source (``tests/engine/npu_uses.py``), not from a list kept by hand; what a
+release offers from its wheel (``tests/engine/npu_wheel.py``).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.engine import npu_surface
-from tests.engine.npu_surface import Use, harness_uses, load_surface, parse_schema
+from tests.engine import npu_uses, npu_wheel
+from tests.engine.npu_uses import Use, harness_uses
+from tests.engine.npu_wheel import load_surface, parse_schema
 
-RELEASES = npu_surface.stack_releases()
+RELEASES = npu_wheel.stack_releases()
 
 
 @pytest.fixture(scope="module")
-def uses() -> npu_surface.HarnessUses:
+def uses() -> npu_uses.HarnessUses:
     return harness_uses()
 
 
 _UNREACHABLE: list[str] = []  # once the index failed, the other releases skip at once
 
 
-def _surface(version: str) -> npu_surface.WheelSurface:
+def _surface(version: str) -> npu_wheel.WheelSurface:
     if _UNREACHABLE:
         pytest.skip(f"torch_npu {version} not at hand: {_UNREACHABLE[0]}")
-    wheel, why = npu_surface.fetch_wheel(version, npu_surface.cache_dir())
+    wheel, why = npu_wheel.fetch_wheel(version, npu_wheel.cache_dir())
     if wheel is None:
         _UNREACHABLE.append(why)
         pytest.skip(f"torch_npu {version} not at hand: {why}")
@@ -37,7 +39,7 @@ def _surface(version: str) -> npu_surface.WheelSurface:
 
 @pytest.mark.parametrize("version", sorted(RELEASES), ids=lambda v: f"torch_npu-{v}")
 def test_every_name_and_keyword_the_harness_passes_exists_in_the_release(version: str,
-                                                                        uses: npu_surface.HarnessUses) -> None:
+                                                                        uses: npu_uses.HarnessUses) -> None:
     surface = _surface(version)
     assert surface.version == version
     missing = [str(use) for use in uses.uses if not surface.has(use)]
@@ -51,7 +53,7 @@ def test_every_name_and_keyword_the_harness_passes_exists_in_the_release(version
                          "what the harness passes it:\n" + "\n".join(missing))
 
 
-def test_the_harness_side_is_read_from_the_source(uses: npu_surface.HarnessUses) -> None:
+def test_the_harness_side_is_read_from_the_source(uses: npu_uses.HarnessUses) -> None:
     """The reading finds what the NPU backend really passes (else the check above checks nothing)."""
     names = {u.target for u in uses.uses if u.kind == "name"}
     assert {"torch.npu.graph_task_group_begin", "torch.npu.graph_task_group_end", "torch.npu.graph_task_update_begin",
@@ -71,7 +73,7 @@ def test_the_harness_side_is_read_from_the_source(uses: npu_surface.HarnessUses)
 
 
 def test_a_name_or_keyword_the_release_lacks_is_caught() -> None:
-    surface = npu_surface.WheelSurface(
+    surface = npu_wheel.WheelSurface(
         version="x", npu_names=["graph"], torch_npu_names=["npu_fused_infer_attention_score"],
         schemas={"npu_fused_infer_attention_score": ["query", "num_heads"],
                  "npu_fused_infer_attention_score.out": ["query", "workspace", "out"]},
@@ -99,4 +101,4 @@ def test_schema_strings_are_read_with_their_argument_names() -> None:
     assert parse_schema("f(Tensor x)") is None  # no return: not a schema
     assert parse_schema("not a schema") is None
     header = "TORCH_NPU_API void op(const at::Tensor &query, const c10::optional<at::Tensor> &workspace);"
-    assert npu_surface._header_parameters(header, {"op"}) == {"op": ["query", "workspace"]}
+    assert npu_wheel._header_parameters(header, {"op"}) == {"op": ["query", "workspace"]}
