@@ -6,7 +6,9 @@ runs the SAME pytest selection in its own process (``pytest <files> -k <expr> --
 other's results with it). Items are matched by source file and item id; a row differs when the
 outcome or the set of failed checks differs. The table is written as JSON and as text.
 
-Plain functions, no pytest and no torch at import, so the comparison is testable on any machine.
+The comparison itself is the product's (:mod:`harness.report.verdicts`, ``graph-harness
+verdicts A.json B.json``); this module runs the two selections around it. Plain functions, no
+pytest and no torch at import, so the comparison is testable on any machine.
 """
 
 from __future__ import annotations
@@ -16,11 +18,16 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from harness.report import verdicts as _verdicts  # noqa: E402
+from harness.report.verdicts import Row, differences, render_text  # noqa: E402,F401 - this module's API
 
 #: The default part of the library: cheap, and covering NONE, PIECEWISE and every FULL variant,
 #: bucket hits and padding, a hand-written step list, and a known-bad scenario that must fail.
@@ -30,19 +37,6 @@ DEFAULT_SELECTION: tuple[str, ...] = (
     "scenarios/known_bad/no_host_param_update.yaml",
 )
 DEFAULT_K = "not between and not eight_at_8"
-
-
-@dataclass(frozen=True)
-class Row:
-    """One item's verdicts on the two backends."""
-
-    item: str
-    emulated: str
-    device: str
-    emulated_failed: tuple[str, ...]
-    device_failed: tuple[str, ...]
-    agree: bool
-    device_verdict: str
 
 
 def run_selection(backend: str, files: list[str], k: str | None, out: Path, timeout_s: float) -> dict[str, Any]:
@@ -79,44 +73,9 @@ def run_selection(backend: str, files: list[str], k: str | None, out: Path, time
     return payload
 
 
-def _key(item: dict[str, Any]) -> str:
-    source = str(item.get("source", ""))
-    path = source.rsplit(":", 1)[0]
-    try:
-        path = str(Path(path).resolve().relative_to(ROOT))
-    except ValueError:
-        pass
-    return f"{path}::{item.get('id') or item.get('name')}"
-
-
 def compare(emulated: dict[str, Any], device: dict[str, Any]) -> list[Row]:
-    """Match items by file and id; an item missing on one side shows as ``"missing"`` there."""
-    left = {_key(i): i for i in emulated.get("items", [])}
-    right = {_key(i): i for i in device.get("items", [])}
-    rows = []
-    for key in sorted(set(left) | set(right)):
-        a, b = left.get(key, {}), right.get(key, {})
-        a_out, b_out = a.get("outcome", "missing"), b.get("outcome", "missing")
-        a_failed = tuple(sorted(a.get("failed_checks") or ()))
-        b_failed = tuple(sorted(b.get("failed_checks") or ()))
-        rows.append(Row(key, a_out, b_out, a_failed, b_failed, a_out == b_out and a_failed == b_failed,
-                        str(b.get("verdict", ""))[:160]))
-    return rows
-
-
-def render_text(rows: list[Row], device_name: str) -> str:
-    """The table as aligned text; differing rows are marked ``DIFF``."""
-    header = ("item", "emulated", device_name, "")
-    lines = [header] + [
-        (r.item, r.emulated + (f" [{','.join(r.emulated_failed)}]" if r.emulated_failed else ""),
-         r.device + (f" [{','.join(r.device_failed)}]" if r.device_failed else ""), "" if r.agree else "DIFF")
-        for r in rows
-    ]
-    widths = [max(len(line[i]) for line in lines) for i in range(3)]
-    text = [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}".rstrip() for a, b, c, d in lines]
-    differ = sum(1 for r in rows if not r.agree)
-    text.append(f"\n{len(rows)} item(s), {differ} differ between emulated and {device_name}")
-    return "\n".join(text)
+    """:func:`harness.report.verdicts.compare`, file paths read relative to the repository."""
+    return _verdicts.compare(emulated, device, root=ROOT)
 
 
 def write_table(rows: list[Row], out_dir: Path, device_name: str, runs: dict[str, dict[str, Any]]) -> tuple[Path, Path]:

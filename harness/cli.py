@@ -3,6 +3,7 @@
     graph-harness schema                      the JSON Schema of a scenario file
     graph-harness check FILE...               validate scenario files, list their items
     graph-harness diff BASELINE CURRENT       what changed between two results files
+    graph-harness verdicts A.json B.json      two backends' verdicts on the same items, item by item
     graph-harness narrow FILE.yaml::ITEM      the smallest scenario that still fails
 
 The scenario suite itself runs under pytest (``pytest scenarios/``); these tools read and
@@ -51,6 +52,29 @@ def _diff(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return diff.exit_status
+
+
+def _verdicts(args: argparse.Namespace) -> int:
+    from harness.report.diff import ResultsFileError
+    from harness.report.verdicts import compare_files, differences, render_markdown, render_text
+
+    try:
+        rows, reference, other = compare_files(args.reference, args.other)
+    except ResultsFileError as error:
+        print(f"graph-harness verdicts: {error}", file=sys.stderr)
+        return 2
+    render = render_markdown if args.format == "markdown" else render_text
+    text = render(rows, other, reference).rstrip("\n") + "\n"
+    if args.output:
+        try:
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.output).write_text(text)
+        except OSError as error:
+            print(f"graph-harness verdicts: cannot write {args.output}: {error.strerror or error}", file=sys.stderr)
+            return 2
+    else:
+        sys.stdout.write(text)
+    return 1 if differences(rows) else 0
 
 
 def _narrow(args: argparse.Namespace) -> int:
@@ -102,6 +126,19 @@ def build_parser() -> argparse.ArgumentParser:
                       help="report a metric move only beyond REL (relative) and FLOOR (absolute); "
                            "metrics: graphs_captured, streams_in_use, padding_ratio, capture_seconds")
     diff.set_defaults(run=_diff)
+
+    verdicts = commands.add_parser(
+        "verdicts", help="two runs' verdicts item by item (e.g. the emulator and a GPU); exit 1 on a difference",
+        description="Compare two JSON results files (--results-json) of the same items on two backends, item "
+                    "by item: outcome and failed checks. An item one run skipped for a device reason (too few "
+                    "devices, no graph stream pool) is listed as such and not counted. Exit 1 when any item "
+                    "differs, 2 when a file cannot be read, else 0.")
+    verdicts.add_argument("reference", metavar="A.json", help="the reference run (e.g. --backend=emulated)")
+    verdicts.add_argument("other", metavar="B.json", help="the run compared with it (e.g. --backend=cuda)")
+    verdicts.add_argument("--format", choices=("text", "markdown"), default="text",
+                          help="text (default: every item) or markdown (the differences: a CI step summary)")
+    verdicts.add_argument("--output", "-o", metavar="PATH", help="write here instead of standard output")
+    verdicts.set_defaults(run=_verdicts)
 
     narrow = commands.add_parser(
         "narrow", help="delta-debug a failing item down to the smallest scenario that fails the same check",

@@ -30,7 +30,7 @@ from harness.graph.scheduler import RequestPlan
 from harness.graph.shape import SINGLE_RANK, RankContext
 from harness.model import DecoderLM
 from harness.model.parallel import ParallelContext, use_collective_ops
-from harness.ranks import run_ranks
+from harness.ranks import device_count, process_group_backend, run_ranks, too_few_devices
 from harness.ops import set_native_impl, set_native_paged_attention
 from harness.resolve import ItemProblem, PointSkipped, ResolvedItem, resolve_item
 from harness.scenario import Scenario, ScenarioPoint, locate
@@ -90,8 +90,8 @@ def build_spec(item: ResolvedItem, ctx: RankContext = SINGLE_RANK) -> PipelineSp
     g, w = scenario.graph, scenario.workload
     q = item.uniform_decode_query_len
     f = scenario.fixes
-    fixes = Fixes(host_param_update=f.host_param_update, static_inputs=f.static_inputs,
-                  refresh_device_buffers=f.refresh_device_buffers)
+    fixes = Fixes(device_placement=f.device_placement, host_param_update=f.host_param_update,
+                  static_inputs=f.static_inputs, refresh_device_buffers=f.refresh_device_buffers)
     graph = GraphConfig(item.mode, item.capture_sizes, g.max_num_seqs, q, g.warmup_runs, f.fia_padding, fixes,
                         mixed_full_key_num_reqs=item.stack.mixed_full_key_num_reqs,
                         pad_requests_without_full=item.stack.pad_requests_without_full,
@@ -179,6 +179,10 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
 
 def run_item(item: ResolvedItem, point: ScenarioPoint, result: ItemResult) -> None:
     """Run a resolved item on its ranks and decide its outcome into ``result``."""
+    short = too_few_devices(item.backend, item.world_size, device_count(item.backend)) if item.world_size > 1 else None
+    if short:  # one device per rank: NCCL refuses two ranks on one GPU
+        result.outcome, result.verdict = SKIPPED, short
+        return
     if item.world_size > 1:
         result.checks, result.record, notes = _run_ranks(item)
         result.record.notes.extend(notes)
@@ -308,7 +312,8 @@ def _rank_model(ctx: RankContext):
 # -- multi-rank ---------------------------------------------------------------------------------
 def _run_ranks(item: ResolvedItem) -> tuple[dict[str, CheckResult], RunRecord, list[str]]:
     scenario, world = item.scenario, item.world_size
-    outcome = run_ranks(_rank_job, world, args=(item, dispatch_rows(scenario)), timeout=rank_timeout(scenario))
+    outcome = run_ranks(_rank_job, world, args=(item, dispatch_rows(scenario)), timeout=rank_timeout(scenario),
+                        backend=process_group_backend(item.backend))
     layout = describe(axis_sizes(list(item.features)))
     if not outcome.ok:
         record = RunRecord(str(item.mode), item.backend, [])

@@ -39,7 +39,22 @@ def run_checks(record: RunRecord, *, contract: str, dtype: str, bitwise_replay: 
         results[EXECUTION] = CheckResult(
             EXECUTION, False, f"{first.path} path raised {first.kind} at {where}: {first.message}",
             first.step, {"errors": [vars(e) for e in crashes]})
+    elif (on_host := ran_on_host(record)) is not None:
+        results[EXECUTION] = CheckResult(EXECUTION, False, on_host, None, {"device_work": dict(record.device_work)})
     return {name: results[name] for name in (*CHECKS, EXECUTION) if name in results}
 
 
-__all__ = ["CHECKS", "EXECUTION", "CheckName", "CheckResult", "run_checks"]
+def ran_on_host(record: RunRecord) -> str | None:
+    """Why the run did no work on its device (the first GPU run's items "passed" on the CPU),
+    else None. A backend that cannot count kernels reports -1: its memory speaks alone."""
+    work = record.device_work
+    if not work or not record.steps:
+        return None
+    if work.get("kernels") == 0 or work.get("bytes_allocated") == 0:
+        return (f"nothing ran on the {record.backend} device ({work.get('kernels')} kernels, "
+                f"{work.get('bytes_allocated')} bytes of device memory): the model, caches and inputs stayed "
+                "in host memory, so no graph captured any work")
+    return None
+
+
+__all__ = ["CHECKS", "EXECUTION", "CheckName", "CheckResult", "ran_on_host", "run_checks"]

@@ -8,17 +8,17 @@ device tensors (``harness.ops.fia_device_metadata``), as FlashAttention does wit
 
 from __future__ import annotations
 
-import os
+import warnings
 from typing import Any
 
 import torch
 
-from .errors import UnsupportedOnBackend
+from .errors import CaptureError, UnsupportedOnBackend
 from .protocol import CAPABILITIES, DeviceRules, StreamConfig
 
 name = "cuda"
 capabilities = CAPABILITIES[name]
-device = torch.device("cuda", 0)  # this rank's GPU once reset_device() has read LOCAL_RANK
+device = torch.device("cuda", 0)  # this rank's GPU once reset_device() has looked
 
 _NO_TASK_GROUPS = (
     "task-group update is an ACL graph feature that CUDA graphs lack; keep per-request lengths in "
@@ -31,7 +31,18 @@ class NPUGraph(torch.cuda.CUDAGraph):
     """A CUDA graph with torch_npu's extra method names."""
 
     def capture_end(self) -> None:
-        super().capture_end()
+        # CUDA warns about an empty graph and captures it; for a serving engine's forward that is
+        # always a bug (the model was left in host memory): refused, as the emulator refuses it.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            super().capture_end()
+        empty = [w for w in caught if "Graph is empty" in str(w.message)]
+        for w in caught:
+            if w not in empty:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        if empty:
+            raise CaptureError(f"captured graph has no device work ({empty[0].message}): its model or inputs are "
+                               "in host memory, so every replay would launch nothing")
         _graphs_alive.add(id(self))
 
     def reset(self) -> None:
@@ -136,15 +147,15 @@ def weak_ref_tensor(tensor: Any) -> Any:
 
 
 def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules | None = None) -> None:
-    """Take this rank's GPU (``LOCAL_RANK``), synchronize, and start counting its memory afresh.
+    """Take this process's current GPU (a rank's, which harness.ranks made current before its
+    process group), synchronize, and start counting its memory afresh.
     CUDA has no fixed graph stream pool: a stream budget other than the default cannot be
     honoured, so it is refused (the item is skipped with the reason).
     ``rules`` (a stack's torch_npu rules) are the emulator's to follow: here the installed
     runtime's own rules apply, and the device check compares the two."""
-    global device
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    torch.cuda.set_device(device)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats(device)
     if stream_config is not None and stream_config.pool_size != StreamConfig().pool_size:
         raise UnsupportedOnBackend(f"cuda: no graph stream pool to limit to {stream_config.pool_size} streams")
+    global device
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(device)

@@ -8,7 +8,6 @@ need and turns the runtime's stream-exhaustion error into :class:`StreamBudgetEr
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ def native_paged_attention():
 
 name = "npu"
 capabilities = CAPABILITIES[name]
-device = torch.device("npu", 0)  # this rank's NPU once reset_device() has read LOCAL_RANK
+device = torch.device("npu", 0)  # this rank's NPU once reset_device() has looked
 
 
 def collective_ops() -> None:
@@ -102,8 +101,7 @@ def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules |
     ``rules`` (a stack's torch_npu rules) are the emulator's to follow: here the installed
     runtime's own rules apply, and the device check compares the two."""
     global _stream_pool_size, device
-    device = torch.device("npu", int(os.environ.get("LOCAL_RANK", "0")))
-    torch.npu.set_device(device)
+    device = torch.device("npu", torch.npu.current_device())  # a rank's, made current by harness.ranks
     torch.npu.synchronize()
     torch.npu.reset_peak_memory_stats(device)
     config = stream_config or StreamConfig()

@@ -60,6 +60,7 @@ class Capabilities:
     """What a backend can do: read by the capability step, which turns it into an item's decisions."""
 
     device_type: str  # the torch device type its tensors live on ("npu", "cuda")
+    physical_device: bool  # a real accelerator: its runtime must not be forked, one device per rank
     task_updates: bool  # graph_task_update_begin/end re-issue a captured op with new host args
     bitwise_replay: bool  # replay equals eager bit for bit (else: compare within tolerance)
     stream_pool: bool  # captures draw on a fixed stream pool the budget applies to (ACL)
@@ -71,13 +72,13 @@ class Capabilities:
 CAPABILITIES: dict[str, Capabilities] = {
     # The CPU emulator: the same kernels on the same shapes replay bit for bit; it records what
     # each replay ran; its ranks exchange through shared memory (gloo for the rest).
-    "emulated": Capabilities(device_type="npu", task_updates=True, bitwise_replay=True, stream_pool=True,
+    "emulated": Capabilities(device_type="npu", physical_device=False, task_updates=True, bitwise_replay=True, stream_pool=True,
                              reports_executed_arguments=True, distributed_backend="gloo"),
     # torch_npu on Ascend: ACL graphs with task groups and a fixed stream pool.
-    "npu": Capabilities(device_type="npu", task_updates=True, bitwise_replay=False, stream_pool=True,
+    "npu": Capabilities(device_type="npu", physical_device=True, task_updates=True, bitwise_replay=False, stream_pool=True,
                         reports_executed_arguments=False, distributed_backend="hccl"),
     # CUDA graphs: no task groups (lengths live in device buffers), no stream pool.
-    "cuda": Capabilities(device_type="cuda", task_updates=False, bitwise_replay=False, stream_pool=False,
+    "cuda": Capabilities(device_type="cuda", physical_device=True, task_updates=False, bitwise_replay=False, stream_pool=False,
                          reports_executed_arguments=False, distributed_backend="nccl"),
 }
 

@@ -105,8 +105,10 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
     ``reference=False``: skip the reference path and the plain greedy decode, which a peer
     with the same requests computes (``harness.features.layout.runs_reference``)."""
     register_updatable_ops(engine)
-    ctx = replace(ctx, device=engine.device)  # every tensor of the run lives on the engine's device
-    reference_model = build_model(spec.model, engine.device)
+    # Every tensor of the run lives on the engine's device; the known-bad pipeline leaves them on the host.
+    device = engine.device if spec.graph.fixes.device_placement else torch.device("cpu")
+    ctx = replace(ctx, device=device)
+    reference_model = build_model(spec.model, device)
     model = rank_model(reference_model) if rank_model else reference_model
     draft = draft_model(reference_model, spec.drafter_layers) if spec.num_speculative_tokens else None
     paths = {name: _new_path(name, spec, reference_model if name == "reference" else model, draft)

@@ -59,6 +59,7 @@ __all__ = ["AttentionStyle", "EagerRunner", "Fixes", "GraphRunner", "RunnerConfi
 class Fixes:
     """The runner's fixes, each switchable for a known-bad scenario."""
 
+    device_placement: bool = True  # model, caches and buffers on the engine's device (not the host)
     host_param_update: bool = True  # task-group update of FIA host lists after replay
     static_inputs: bool = True  # copy inputs into the captured buffers (not a fresh tensor)
     refresh_device_buffers: bool = True  # write the lengths' device buffers before a replay (device path)

@@ -72,13 +72,16 @@ def _gather_kv(cache: Tensor, block_ids: Tensor, kv_len: int) -> Tensor:
 
 
 @functools.lru_cache(maxsize=1024)
-def _causal_hidden(q_len: int, kv_len: int) -> Tensor:
-    """``[q_len, kv_len]``, True where query row j may not see key i (``i > kv_len - q_len + j``).
+def _causal_hidden(q_len: int, kv_len: int, device: torch.device) -> Tensor:
+    """``[q_len, kv_len]`` on ``device``, True where query row j may not see key i
+    (``i > kv_len - q_len + j``).
 
-    Cached per shape (read only: ``masked_fill`` copies): a prefill of a given length meets
-    the same mask in every layer and every path."""
-    last_visible = torch.arange(q_len).unsqueeze(1) + (kv_len - q_len)
-    return torch.arange(kv_len).unsqueeze(0) > last_visible
+    On the scores' device: a host mask beside device scores is a mixed-device operation, which a
+    GPU refuses (the first H200 run: "expected self and mask to be on the same device").
+    Cached per shape and device (read only: ``masked_fill`` copies): a prefill of a given length
+    meets the same mask in every layer and every path."""
+    last_visible = torch.arange(q_len, device=device).unsqueeze(1) + (kv_len - q_len)
+    return torch.arange(kv_len, device=device).unsqueeze(0) > last_visible
 
 
 def attend_request(
@@ -110,7 +113,7 @@ def attend_request(
     scores = torch.bmm(rows, k.transpose(1, 2)) * scale  # [N_kv, group * q_len, kv_len]
     if causal and q_len > 1:  # one query row sees every key (k - 1 + 0 = last): nothing to hide
         scores = scores.view(num_kv_heads, group, q_len, kv_len).masked_fill(
-            _causal_hidden(q_len, kv_len), float("-inf")).view(num_kv_heads, group * q_len, kv_len)
+            _causal_hidden(q_len, kv_len, scores.device), float("-inf")).view(num_kv_heads, group * q_len, kv_len)
     row_max = scores.amax(dim=-1, keepdim=True).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
     weights = torch.exp(scores - row_max)
     denom = weights.sum(dim=-1, keepdim=True)

@@ -20,6 +20,8 @@ __all__ = ["CORE_FIXES", "build_features_model", "build_fixes_model"]
 
 #: The pipeline's own fixes (not any feature's): name -> description.
 CORE_FIXES = {
+    "device_placement": "The model, KV cache and static buffers in the engine's device memory (false: left in "
+                        "host memory, as the pipeline of the first GPU run was: a graph around it captures nothing).",
     "fia_padding": "Dummy-request padding for the FIA check.",
     "host_param_update": "Per-layer task-group update of FIA host parameters after replay.",
     "static_inputs": "Copy inputs into the static buffers before replay (false: write to a fresh tensor).",

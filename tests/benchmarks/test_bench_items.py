@@ -40,3 +40,10 @@ def test_the_rank_benchmark_items_have_the_world_size_they_stand_for():
     points = {p.id: p for p in load_scenario_file(ROOT / "scenarios/cross_product/cross_product.yaml")}
     for world, ident in ranks_bench.ITEMS.items():
         assert resolve_item(points[ident].scenario).world_size == world, ident
+
+
+def test_the_hang_benchmark_scenario_exists_and_has_two_ranks():
+    import hang as hang_bench
+
+    points = load_scenario_file(hang_bench.SCENARIO)
+    assert points and all(resolve_item(p.scenario).world_size == 2 for p in points)

@@ -71,7 +71,7 @@ def test_items_with_the_same_id_in_two_files_are_kept_apart():
 def test_two_emulator_runs_agree_and_the_table_is_written(tmp_path):
     rows, text = verdicts.verdicts_beside_emulator(
         "emulated", tmp_path, files=["scenarios/decode_buckets.yaml"], k="NONE and one_at_1", budget_s=500)
-    assert [r.item for r in rows] == ["scenarios/decode_buckets.yaml::NONE-one_at_1"]
+    assert [r.item for r in rows] == ["scenarios/decode_buckets.yaml::decode_buckets[NONE-one_at_1]"]  # the results key
     assert rows[0].agree and rows[0].emulated == rows[0].device == "passed"
     table = json.loads((tmp_path / "verdicts.json").read_text())
     assert table["rows"][0]["agree"] and not any(run["run_error"] for run in table["runs"].values())

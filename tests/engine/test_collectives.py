@@ -133,9 +133,9 @@ def test_a_run_dir_is_in_memory_unless_tmpdir_says_otherwise_or_it_is_small(
     class Stats:
         f_bavail, f_frsize = free // 4096, 4096
 
-    monkeypatch.setattr(ranks.os, "statvfs", lambda path: Stats())
-    monkeypatch.setattr(ranks.os, "access", lambda path, mode: True)
-    assert ranks._run_dir_root() == expected
+    monkeypatch.setattr(os, "statvfs", lambda path: Stats())
+    monkeypatch.setattr(os, "access", lambda path, mode: True)
+    assert ranks.run_dir_root() == expected
 
 
 def test_every_rank_of_a_run_is_told_its_run_dir() -> None:

@@ -92,3 +92,48 @@ def scenario_rank_imports(rank: int, world_size: int, item: Any) -> list[str]:
     before = {name for name in HEAVY_MODULES if name in sys.modules}
     _rank_job(rank, world_size, item)
     return [name for name in HEAVY_MODULES if name in sys.modules and name not in before]
+
+
+def _compute(seconds: float) -> int:
+    """Busy CPU work for ``seconds`` (a rank that is slower, not stuck)."""
+    n, end = 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        n += sum(range(1000))
+    return n
+
+
+def collective_after_rank1_finished(rank: int, world_size: int) -> None:
+    """Rank 1 returns at once; rank 0 then enters an all_reduce that rank 1 never joins."""
+    if rank == 1:
+        return
+    print("rank 0 entering all_reduce", flush=True)
+    dist.all_reduce(torch.ones(1))
+
+
+def slower_rank0(rank: int, world_size: int, seconds: float, busy: bool) -> int:
+    """Rank 1 returns at once; rank 0 computes (``busy``) or sleeps for ``seconds``, then returns
+    without a collective: slower, never stuck."""
+    if rank == 0:
+        if busy:
+            _compute(seconds)
+        else:
+            time.sleep(seconds)
+    return rank
+
+
+def pair_goes_on_after_rank2_finished(rank: int, world_size: int, seconds: float) -> int:
+    """Ranks 0 and 1 go on in a group of their own after rank 2 has returned: rank 1 waits in an
+    all_reduce while rank 0 computes for ``seconds``, then both meet."""
+    pair = dist.new_group([0, 1])  # every rank creates every group
+    if rank == 2:
+        return rank
+    if rank == 0:
+        _compute(seconds)
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pair)
+    return int(t.item())
+
+
+def local_rank_env(rank: int, world_size: int) -> tuple[str | None, int]:
+    """What the rank was told of its place on the host, and who started it."""
+    return os.environ.get("LOCAL_RANK"), os.getppid()

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import json
+import multiprocessing.process
 import pickle
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -25,43 +25,7 @@ import torch
 from harness import ranks
 from harness.ranks import run_in_process, run_ranks
 from tests.ranks import rank_fns
-
-
-@pytest.fixture
-def workdirs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Record the temp dirs run_ranks creates, to check they are removed."""
-    made: list[str] = []
-    real = tempfile.mkdtemp
-
-    def mkdtemp(*a, **kw):
-        path = real(*a, **kw)
-        if os.path.basename(path).startswith("graph-harness-ranks-"):  # not multiprocessing's own
-            made.append(path)
-        return path
-
-    monkeypatch.setattr(ranks.tempfile, "mkdtemp", mkdtemp)
-    return made
-
-
-def _gone(pid: int) -> bool:
-    """True when no process (not even a zombie) has this pid."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-def _assert_clean(outcome: ranks.RanksOutcome, workdirs: list[str], warm: bool = True) -> None:
-    """No temp dir is left; the ranks of a failed (or spawned) run are gone; those of a clean
-    warm run wait, idle, in the pool, and are gone once it is closed."""
-    assert workdirs and not any(os.path.exists(d) for d in workdirs), workdirs
-    assert outcome.pids
-    if outcome.ok and warm:
-        assert set(outcome.pids) <= set(ranks.pool_pids()), (outcome.pids, ranks.pool_pids())
-        ranks.close_pool()
-        assert not ranks.pool_pids()
-    assert all(_gone(pid) for pid in outcome.pids), outcome.pids
+from tests.ranks.conftest import assert_clean as _assert_clean, gone as _gone
 
 
 def test_all_reduce_results_in_rank_order_and_logs(workdirs: list[str]) -> None:
@@ -314,7 +278,7 @@ def test_an_interrupted_run_ends_its_ranks(workdirs: list[str]) -> None:
 
     assert run_ranks(rank_fns.parent_pid, 1, timeout=60).ok  # the warm server is up: ranks start in ms
     seen: list[int] = list(ranks.pool_pids())  # the run takes the idle worker, and forks one more
-    real_start = ranks.multiprocessing.process.BaseProcess.start
+    real_start = multiprocessing.process.BaseProcess.start
 
     def start(self):
         real_start(self)
@@ -323,7 +287,7 @@ def test_an_interrupted_run_ends_its_ranks(workdirs: list[str]) -> None:
     previous = signal.signal(signal.SIGALRM, on_alarm)
     try:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ranks.multiprocessing.process.BaseProcess, "start", start)
+            mp.setattr(multiprocessing.process.BaseProcess, "start", start)
             signal.setitimer(signal.ITIMER_REAL, 3.0)
             with pytest.raises(Limit):
                 run_ranks(rank_fns.skip_collective_on_rank1, 2, timeout=120)
@@ -390,3 +354,4 @@ def test_scenario_ranks_import_no_dynamo_or_sympy(point_id: str) -> None:
     outcome = run_ranks(rank_fns.scenario_rank_imports, item.world_size, args=(item,), timeout=300)
     assert outcome.ok, outcome.report()
     assert outcome.results == [[], []]
+

@@ -83,6 +83,25 @@ def test_the_shared_nightly_uploads_fetches_the_baseline_diffs_and_gates():
     assert 'exit "$status"' in diff  # the diff's exit status is the job's
 
 
+def test_the_gpu_night_runs_the_emulator_too_and_gates_on_the_verdicts():
+    """Issue 25: the library on cuda and on the emulator, gated on `graph-harness verdicts`."""
+    for name, backend in NIGHTLIES.items():
+        (job,) = _load(name)["jobs"].values()
+        assert job["with"].get("reference-backend", "") == ("emulated" if backend == "cuda" else "")
+    data = _load("nightly-run.yml")
+    assert data["on"]["workflow_call"]["inputs"]["reference-backend"]["default"] == ""
+    by_name = {s.get("name"): s for s in _steps(data, "run")}
+    reference = by_name["Run the scenario matrix on the reference backend"]
+    assert "inputs.reference-backend != ''" in reference["if"] and reference["continue-on-error"] is True
+    assert "--backend=${{ inputs.reference-backend }}" in reference["run"]
+    assert "${{ inputs.pytest-args }}" in reference["run"]  # the same selection as the device run
+    gate = by_name["Verdicts beside the reference backend"]
+    assert "always()" in gate["if"] and "inputs.reference-backend != ''" in gate["if"]
+    assert 'graph-harness verdicts "$reference" "$current"' in gate["run"] and 'exit "$status"' in gate["run"]
+    upload = by_name["Upload HTML, JSON and junit"]["with"]["path"]
+    assert "nightly-${{ inputs.target }}-${{ inputs.reference-backend }}.json" in upload
+
+
 def test_the_pr_workflow_runs_the_pairwise_selection_on_cpu():
     data = _load("pr.yml")
     assert "pull_request" in data["on"]

@@ -160,13 +160,16 @@ class Capture:
             raise CaptureError("graph_task_group_begin: a task group is already open on this stream")
         self._open_group = len(self.groups)
         self.groups[self._open_group] = []
+        self._group_host_ops: list[str] = []
 
     def end_group(self) -> int:
         if self._open_group is None:
             raise CaptureError("graph_task_group_end without graph_task_group_begin")
         group, self._open_group = self._open_group, None
         if not self.groups[group]:
-            raise CaptureError("graph_task_group_end: the task group recorded no operation")
+            ran = (f"; {', '.join(self._group_host_ops)} ran on the host instead: its tensors are in host memory"
+                   if self._group_host_ops else "")
+            raise CaptureError(f"graph_task_group_end: the task group recorded no operation{ran}")
         return group
 
     def host_sync(self, what: str) -> None:
@@ -220,9 +223,13 @@ class Capture:
     def _on_host(self, func: torch._ops.OpOverload, info: OpInfo, args: tuple, kwargs: dict) -> Any:
         """Host work during a capture: it runs now and is not in the graph (as on a device)."""
         self.host_ops += 1
-        if len(self.host_ops_named) < _HOST_OPS_NAMED and not info.view and not info.allocation:
+        if not info.view and not info.allocation:
             shapes = [list(t.shape) for t in tensors_in(args)[:2]]
-            self.host_ops_named.append(f"{info.name}" + (f" on host tensors of shape {shapes}" if shapes else ""))
+            described = f"{info.name}" + (f" on host tensors of shape {shapes}" if shapes else "")
+            if len(self.host_ops_named) < _HOST_OPS_NAMED:
+                self.host_ops_named.append(described)
+            if self._open_group is not None and len(self._group_host_ops) < _HOST_OPS_NAMED:
+                self._group_host_ops.append(described)
         return func(*args, **kwargs)
 
     def no_device_work(self) -> CaptureError | None:
