@@ -77,7 +77,8 @@ def test_minimal_file_gets_defaults(tmp_path):
     (r,) = w.requests
     assert (r.prompt_len, r.output_len, r.arrival_step, r.repeat) == (5, 3, 0, 1)
     assert s.fixes.model_dump() == dict.fromkeys(
-        ["fia_padding", "host_param_update", "static_inputs", "refresh_device_buffers", "sp_padding", "dp_sync",
+        ["device_placement", "fia_padding", "host_param_update", "static_inputs", "refresh_device_buffers",
+         "sp_padding", "dp_sync",
          "drafter_unpadded", "cp_kv_padding"], True)
     f = s.features
     assert (f.sp.tp, f.dp.size, f.dp.batches, f.mtp.k, f.cp.size) == (1, 1, "equal", 0, 1)
