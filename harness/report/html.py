@@ -150,18 +150,26 @@ def _fia(check: Mapping) -> dict | None:
                      "q": _ints(v.get("actual_seq_lengths")), "kv": _ints(v.get("actual_seq_lengths_kv")),
                      "padding": _text(v.get("padding")), "message": _text(v.get("message")),
                      "other_ok": _yes_no(other_ok)})
-    return {"kind": "fia_invariant", "total": len(violations), "calls": _text(details.get("calls")),
+    return {"kind": "fia_invariant", "total": _total(details, "violations"), "calls": _text(details.get("calls")),
             "contract": _text(contract), "other": other, "rows": rows}
 
 
+def _total(details: Mapping, name: str) -> int:
+    """How many entries an evidence list had: the results file keeps the first ones of a long
+    list and its length as ``<name>_total``, the number the check's summary gives."""
+    total = details.get(f"{name}_total")
+    return total if isinstance(total, int) else len(_list(details.get(name)))
+
+
 def _stale(check: Mapping) -> dict | None:
-    stale = _list(_dict(check.get("details")).get("stale"))
+    details = _dict(check.get("details"))
+    stale = _list(details.get("stale"))
     if not stale:
         return None
     rows = [{"step": _text(s.get("step")), "layer": _text(s.get("layer")), "argument": _text(s.get("argument")),
              "bucket": _text(s.get("bucket")), "executed": _ints(s.get("executed")),
              "expected": _ints(s.get("expected"))} for s in map(_dict, stale[:MAX_ROWS])]
-    return {"kind": "stale_params", "total": len(stale), "rows": rows}
+    return {"kind": "stale_params", "total": _total(details, "stale"), "rows": rows}
 
 
 def _format_diff(diff: Mapping) -> str:
@@ -188,7 +196,8 @@ def _host_lists(executed: Any) -> str:
 
 
 def _equality(check: Mapping, state: str) -> dict | None:
-    mismatches = _list(_dict(check.get("details")).get("mismatches"))
+    details = _dict(check.get("details"))
+    mismatches = _list(details.get("mismatches"))
     if not mismatches:
         return None
     rows, metadata = [], []
@@ -209,7 +218,7 @@ def _equality(check: Mapping, state: str) -> dict | None:
                              "executed": _host_lists(m.get("executed_host_lists"))})
     failing = state == FAIL
     label = "failing" if failing else "explained by another check's earlier failure"
-    return {"kind": "equality", "total": len(mismatches), "rows": rows, "metadata": metadata,
+    return {"kind": "equality", "total": _total(details, "mismatches"), "rows": rows, "metadata": metadata,
             "failing": failing, "state": label}
 
 

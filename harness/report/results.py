@@ -29,6 +29,7 @@ from typing import Any
 
 from harness.graph.record import RunRecord
 from harness.report.charts import step_padding
+from harness.report.view import check_states
 
 SCHEMA_VERSION = 2
 RECORD_KEY = "graph_harness_record"
@@ -188,6 +189,8 @@ def item_record(result: Any, environment: dict[str, Any] | None = None, *, nodei
     }
     if environment is not None:
         record["environment"] = environment
+    for state in check_states(record):  # the word the HTML badge and the terminal use
+        record["checks"][state.name]["state"] = state.state
     record["key"] = item_key(record)
     record["metrics"] = item_metrics(record)
     if evidence != "all" and record["outcome"] not in FULL_EVIDENCE_OUTCOMES:
