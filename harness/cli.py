@@ -72,7 +72,7 @@ def _narrow(args: argparse.Namespace) -> int:
     except NarrowError as error:
         print(f"graph-harness narrow: {error}", file=sys.stderr)
         return 2
-    sys.stdout.write(render_report(result))
+    sys.stdout.write(render_report(result, trials=args.quiet))  # without -q they were printed as they ran
     return 0
 
 

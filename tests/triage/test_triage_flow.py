@@ -173,9 +173,13 @@ def test_narrow_names_sp_for_a_failing_sp_mtp_dp_scenario(tmp_path, capsys):
     status = main(["narrow", f"{path}::sp_mtp_dp", "--backend=emulated", f"--output-dir={tmp_path / 'reports'}"])
     out = capsys.readouterr().out
     assert status == 0, out
-    first = next(line.strip() for line in out.splitlines() if line.strip().startswith("fails with "))
+    verdict = next(line.strip() for line in out.splitlines() if line.strip().startswith("fails with "))
+    first = verdict.split(";")[0]
     assert set(first[len("fails with "):].split("+")) == {"sp2", "dp2", "mtp2"}  # in registry order
-    assert "passes without sp" in out and "fails without dp" in out and "fails without mtp" in out
+    assert "passes without sp" in verdict and "fails without dp" in verdict and "fails without mtp" in verdict
+    # each trial printed once, as it ran (not again in the final report)
+    assert len([line for line in out.splitlines() if line.strip().startswith("without sp: passes")]) == 1
+    assert "trial(s), listed above" in out
     assert "minimal: sp2 fails fia_invariant" in out
     written = tmp_path / "reports" / "narrowed-sp_mtp_dp.yaml"
     assert f"minimal scenario: {written}" in out
