@@ -56,7 +56,7 @@ def test_no_change_is_an_empty_diff_with_status_zero():
     diff = diff_results(BASE, BASE)
     assert not (diff.new_failures or diff.fixed or diff.changed_checks or diff.added or diff.removed or diff.metrics)
     assert diff.exit_status == 0
-    assert "0 new failure(s)" in render_text(diff)
+    assert render_text(diff).splitlines()[1] == "no changes"
 
 
 def test_a_new_item_that_fails_is_a_new_failure():
@@ -133,4 +133,22 @@ def test_cli_writes_each_format(tmp_path, capsys):
     data = json.loads((tmp_path / "out/d.json").read_text())
     assert data["exit_status"] == 1 and data["new_failures"][0]["key"] == "b.yaml::b[FULL]"
     assert main(["diff", str(tmp_path / "b.json"), str(tmp_path / "b.json"), "--format=markdown"]) == 0
-    assert "no new failures" in capsys.readouterr().out
+    assert "no changes" in capsys.readouterr().out
+
+
+def test_timing_noise_of_two_runs_of_one_commit_is_no_change():
+    # The extremes of two real runs of one commit (make scenarios, one beside two CPU burners):
+    # a small item's capture 9x slower, a 40-layer item's 13 s faster.
+    base = _results(_item("small.yaml::s[FULL]", capture_seconds=0.0298), _item("big.yaml::b[FULL]", capture_seconds=18.42))
+    again = _results(_item("small.yaml::s[FULL]", capture_seconds=0.2676), _item("big.yaml::b[FULL]", capture_seconds=5.44))
+    diff = diff_results(base, again)
+    assert diff.unchanged and diff.metrics == [] and diff.noise == 2 and diff.exit_status == 0
+    text = render_text(diff)
+    assert text.splitlines()[1] == "no changes" and "2 capture-time move(s) within timing noise" in text
+    assert "no changes" in render_markdown(diff)
+    # a gross change is still news: tenfold and seconds
+    slower = _results(_item("small.yaml::s[FULL]", capture_seconds=0.3), _item("big.yaml::b[FULL]", capture_seconds=190.0))
+    assert [m.key for m in diff_results(base, slower).metrics] == ["big.yaml::b[FULL]"]
+    # and every move is listed on request
+    listed = diff_results(base, again, thresholds={"capture_seconds": (0.0, 0.0)})
+    assert len(listed.metrics) == 2 and listed.noise == 0
