@@ -94,11 +94,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(ResultsCollector(config), "graph-harness-results")
     config.pluginmanager.register(TerminalGlue(config), "graph-harness-terminal")
     if config.pluginmanager.hasplugin("html") and not hasattr(config, "workerinput"):  # where the page is written
-        from harness.report.html_hooks import HtmlReport, report_title
+        from harness.report.html_hooks import COLLAPSED, HtmlReport, report_title
 
         title = report_title([str(arg) for arg in config.args], selected_modes(config), str(config.invocation_params.dir))
+        # Only failed rows start open, unless the run set pytest-html's render_collapsed itself.
+        collapsed = COLLAPSED if config.getini("render_collapsed") == "passed" else ""
         config.pluginmanager.register(HtmlReport(config.stash[_results_key], preload_charts=not runs_items,
-                                                 title=title), "graph-harness-html")
+                                                 title=title, collapsed=collapsed), "graph-harness-html")
     _describe_environment(config)
 
 

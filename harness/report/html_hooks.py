@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from harness.report.html import TABLE_COLUMNS, item_key, render_fragments, render_item, render_page, row_values
+from harness.report.html import (COLLAPSED, TABLE_COLUMNS, item_key, render_fragments, render_item, render_page,
+                                 row_values)
 from harness.report.record import report_record
 
 __all__ = ["HtmlReport", "FRAGMENT_KEY", "attach_fragment", "report_title"]
@@ -66,8 +67,9 @@ class HtmlReport:
     """pytest-html hooks; collects the fragments on the process that writes the report."""
 
     def __init__(self, records: list[dict[str, Any]], *, preload_charts: bool = False,
-                 title: str = "graph-harness") -> None:
+                 title: str = "graph-harness", collapsed: str = COLLAPSED) -> None:
         self.title = title
+        self.collapsed = collapsed  # rows pytest-html starts collapsed (see render_page)
         self.records = records  # the results collector's list: every item's record, any worker
         self.fragments: dict[str, str] = {}
         self.media = False  # whether any test attached an image or a video (pytest-html extras)
@@ -131,7 +133,7 @@ class HtmlReport:
         # A rendering bug must not cost the report that pytest-html is about to write.
         try:
             if self.records or self.fragments:
-                prefix.append(render_page(self.records, media=self.media))
+                prefix.append(render_page(self.records, media=self.media, collapsed=self.collapsed))
         except Exception as error:  # noqa: BLE001
             prefix.append(f"<p>graph-harness could not render the summary: {html_escape.escape(repr(error))}</p>")
         if self.fragments:

@@ -248,6 +248,14 @@ def test_page_grid_charts_and_filters(good, stale):
     # FULL x base holds a pass, a known-bad and a failure: the failure colours it
     assert 'class="gh-cell gh-o-failed" data-mode="FULL" data-features="base"' in html
     assert 'data-mode="PIECEWISE" data-features="sp2"' in html and ">1/3<" in html
+    # the legend says what a cell shows, and each cell shows it: its items, failed/total when some failed
+    assert "a cell shows how many items it holds, as failed/total when some failed" in html
+    for title, text in re.findall(r'title="([^"]*)">([^<]*)</td>', html):
+        counts = {outcome: int(n) for n, outcome in re.findall(r"(\d+) (\w+)", title.split(": ", 1)[1])}
+        total, failed = sum(counts.values()), counts.get("failed", 0)
+        assert text == (f"{failed}/{total}" if failed else str(total)), (title, text)
+    # one row per feature combination, one column per mode: never wider than five modes
+    assert re.search(r"<thead><tr><th>features \\ mode</th><th>PIECEWISE</th><th>FULL</th></tr>", html), html[:3000]
     assert 'id="gh-waste"' in html and html.count("<svg") == 1
     assert 'id="gh-filter"' in html and "<option>stale_params</option>" in html
     assert "peak stream utilisation <b>0.2%</b>" in html

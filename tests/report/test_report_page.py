@@ -125,15 +125,21 @@ def test_report_in_headless_chromium(run, tmp_path):
         assert browser.errors == []
         # pytest-html's row template lost its <video> (no test attached media), rows are whole
         assert browser.evaluate("document.querySelectorAll('video').length") == 0
-        assert browser.evaluate("document.querySelectorAll('#results-table .media').length") == 5
-        assert browser.evaluate(f"document.querySelectorAll('{rows}').length") == 5
+        assert browser.evaluate("document.querySelectorAll('#results-table .media').length") == 6
+        assert browser.evaluate(f"document.querySelectorAll('{rows}').length") == 6
         # the grid (FULL x base holds a failure, so it is red) and the run's chart
         assert browser.evaluate("document.querySelector('#gh-grid td[data-mode=FULL][data-features=base]')"
                                 ".classList.contains('gh-o-failed')")
         assert browser.evaluate("document.querySelectorAll('#gh-waste svg').length") == 1
-        # open rows got their fragment, with the per-step chart; collapsed (passed) ones did not
-        assert browser.evaluate("document.querySelectorAll('.gh-item').length") == 2
-        assert browser.evaluate("document.querySelectorAll('.gh-item svg').length") >= 2
+        # only the failed row starts open (passed, skipped and known-bad rows are collapsed); it
+        # got its fragment, with the per-step chart
+        open_rows = "[...document.querySelectorAll('#results-table .extras-row:not(.hidden)')]"
+        assert browser.evaluate(f"{open_rows}.length") == 1
+        assert browser.evaluate("document.querySelectorAll('.gh-item').length") == 1
+        assert browser.evaluate("document.querySelectorAll('.gh-item svg').length") >= 1
+        # pytest-html's run count gives the rows (it leaves skipped tests out of its "N tests")
+        assert re.match(r"6 tests took .* \(5 ran, 1 skipped\)\.$", browser.evaluate(
+            "document.querySelector('.run-count').textContent.trim()"))
         # filters: by the URL hash, by a grid cell, by the form; they survive pytest-html redraws
         browser.evaluate(f"location.hash = 'mode=PIECEWISE'; {tick}")
         assert browser.evaluate(shown) == 1
