@@ -456,7 +456,7 @@ def render_page(records: list[Mapping], *, media: bool = True, collapsed: str = 
     page's script drops the ``<video>`` element from pytest-html's row template before
     pytest-html builds its rows: a thousand video elements, created again on every redraw,
     were four fifths of the cost of opening a 1,000-item report and of each sort, filter
-    and click (pytest-html issue #684; figures in the README)."""
+    and click (pytest-html issue #684; figures in benchmarks/README.md)."""
     records = [_dict(r) for r in records or []]
     outcomes: dict[str, int] = {}
     for record in records:

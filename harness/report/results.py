@@ -125,7 +125,7 @@ def summary_record(record: dict[str, Any]) -> dict[str, Any]:
     ``narrow`` read), each check's verdict, summary line and counts (so the report can still
     say PASS or *not evaluated*), the run's totals and its per-bucket padding (the page's
     charts). Dropped: per-step dispatch, texts, evidence lists, per-bucket stream usage and
-    per-graph memory. Figures: README, "HTML report".
+    per-graph memory. Figures: benchmarks/README.md, "HTML report".
     """
     summary = dict(record, evidence="summary")
     summary["checks"] = {name: {**check, "details": _scalars(check.get("details") or {})}
