@@ -12,6 +12,7 @@ from harness.report.html import read_fragments, render_fragments, render_item, r
 from harness.report.view import check_states, first_failure
 from harness.report.results import item_record, summary_record
 from harness.report.terminal import states_line
+from harness.report.html_hooks import report_title
 from harness.scenario import load_scenario_text
 from harness.session import run_point
 
@@ -331,3 +332,10 @@ def test_preloading_the_charts_never_raises(monkeypatch):
 
     monkeypatch.setattr(charts, "_matplotlib", broken)
     charts.preload()  # the chart that needs it says so, not the preload
+
+
+def test_the_page_title_says_what_ran():
+    assert report_title(["tests", "scenarios"]) == "graph-harness: tests, scenarios"  # make test
+    assert report_title(["scenarios/"], ["FULL"]) == "graph-harness: scenarios/ (FULL)"  # make scenarios
+    assert report_title(["/repo/scenarios/x.yaml::x[FULL]"], cwd="/repo") == "graph-harness: scenarios/x.yaml::x[FULL]"
+    assert "graph-mode scenarios" not in report_title(["tests"])
