@@ -3,9 +3,9 @@
 Kept apart from :mod:`harness.pytest_plugin` (which only registers it); the words themselves
 come from :mod:`harness.report.terminal`. What it changes in pytest's terminal output:
 
-* a failed scenario item's short-summary line (``FAILED <node id> - ...``) gives the line in
-  its file, the failing check, step and bucket first, where pytest would have cut the repeated
-  file path (:class:`~harness.report.terminal.FailureRepr`); its failure block keeps the whole
+* a failed scenario item's short-summary line (``FAILED <node id> - ...``) gives the failing
+  check, then its line in the file, step and bucket, where pytest cut the repeated file path
+  before (:class:`~harness.report.terminal.FailureRepr`); its failure block keeps the whole
   explanation;
 * a skipped scenario item points at its scenario file and line, not at the harness line that
   called ``pytest.skip``;
