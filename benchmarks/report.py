@@ -4,6 +4,9 @@
     .venv/bin/python benchmarks/report.py [--items 1000] [--records reports/scenarios.json]
                                           [--out reports/bench-report.json] [--keep PAGE.html]
     .venv/bin/python benchmarks/report.py --sizes PAGE.html RESULTS.json   # a real run's files
+    .venv/bin/python benchmarks/report.py --matrix scenarios/cross_product/cross_product.yaml
+                                          # the nightly's 4,200 rows, from a real run's records
+    .venv/bin/python benchmarks/report.py --page reports/nightly.html      # a real page's geometry
 
 A pytest run of ``--items`` synthetic items, each carrying a real item record: the records of
 a real run (``--records``, a results file, ``make scenarios``'s by default) taken in turn and
@@ -123,6 +126,89 @@ def replicate(records: list[dict], items: int) -> list[dict]:
                 record[field] = f"{record[field]}#{copy}"
         out.append(record)
     return out
+
+
+def matrix_records(templates: dict[str, dict], matrix_file: Path, failing: dict[str, int] | None = None) -> list[dict]:
+    """One record per point of ``matrix_file``'s whole matrix (what ``--matrix=full`` runs):
+    a real record of the point's outcome (``templates``: outcome -> record of a real run)
+    under the point's node id, with its mode and scenario, so that the page has the nightly's
+    rows, grid and outcome mix. A point unsupported by design is skipped with its reason, the
+    others pass, except ``failing`` (outcome -> every n-th runnable point), so that a page
+    also holds failed and known-bad rows."""
+    from harness.scenario import load_scenario_file
+    from harness.session import unsupported_reason
+
+    relative = matrix_file.resolve().relative_to(ROOT).as_posix() if matrix_file.resolve().is_relative_to(ROOT) \
+        else matrix_file.name
+    out = []
+    runnable = 0
+    for point in load_scenario_file(matrix_file):
+        reason = unsupported_reason(point.scenario)
+        outcome = "skipped" if reason else "passed"
+        if reason is None:
+            runnable += 1
+            for kind, every in (failing or {}).items():
+                if runnable % every == 0:
+                    outcome = kind
+        record = json.loads(json.dumps(templates[outcome]))
+        nodeid = f"{relative}::{point.name}[{point.id}]"
+        record.update(nodeid=nodeid, key=nodeid, name=point.name, id=point.id, mode=point.scenario.graph.mode,
+                      scenario=point.scenario.model_dump(mode="json"), source=f"{relative}:{point.source.line}")
+        if isinstance(record.get("run"), dict) and record["run"]:
+            record["run"]["mode"] = point.scenario.graph.mode
+        if reason:
+            record["verdict"] = reason
+        out.append(record)
+    return out
+
+
+def build_page(records: list[dict], project: Path, evidence: str = "failures") -> tuple[Path, float]:
+    """The items of ``records`` through the real plugin and pytest-html, in ``project``:
+    the page's path and the seconds pytest took."""
+    (project / "records.json").write_text(json.dumps(records))
+    (project / "ids.json").write_text(json.dumps([r.get("key") or r.get("nodeid") or str(i)
+                                                  for i, r in enumerate(records)]))
+    (project / "evidence.txt").write_text(evidence)
+    (project / "conftest.py").write_text(CONFTEST)
+    (project / "test_items.py").write_text(TEST)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--html=report.html",
+                    "--self-contained-html", "--results-json=results.json", "-o", "addopts="],
+                   cwd=project, env=env, check=False, stdout=subprocess.DEVNULL)
+    return project / "report.html", time.perf_counter() - started
+
+
+#: The page's geometry at a window's width: how wide and tall it is, the grid's box, the rows
+#: and which of them started open, and the two counts pytest-html and the grid give.
+GEOMETRY = """(() => {
+  const box = document.querySelector('.gh-grid-box')
+  const rect = box ? box.getBoundingClientRect() : {width: 0, height: 0, right: 0}
+  const rows = document.querySelectorAll('#results-table tbody.results-table-row')
+  const open = [...rows].filter(r => !r.querySelector('.extras-row')?.classList.contains('hidden'))
+  return {
+    window_width: window.innerWidth,
+    page_width: document.documentElement.scrollWidth, page_height: document.documentElement.scrollHeight,
+    grid_box_width: Math.round(rect.width), grid_box_height: Math.round(rect.height),
+    grid_box_right: Math.round(rect.right),
+    grid_width: document.getElementById('gh-grid')?.scrollWidth || 0,
+    rows: rows.length,
+    open_rows: open.length,
+    open_outcomes: [...new Set(open.map(r => [...r.classList].find(c => c !== 'results-table-row')))],
+    run_count: document.querySelector('.run-count')?.textContent.trim() || '',
+  }
+})()"""
+
+
+def page_geometry(page: Path, width: int = 1400, height: int = 1000) -> dict:
+    """Open ``page`` in headless Chromium at ``width`` x ``height``: :data:`GEOMETRY`, the
+    seconds to the load event, and the script errors the page raised."""
+    with Chromium(width=width, height=height) as browser:
+        loaded = browser.open(page)
+        browser.evaluate(READY)
+        browser.evaluate(SETTLE)
+        geometry = browser.evaluate(GEOMETRY)
+        return {**geometry, "open_s": round(loaded, 2), "errors": list(browser.errors)}
 
 
 def unit_seconds() -> float:
@@ -281,29 +367,30 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="browser opens (median)")
     parser.add_argument("--out", type=Path, default=ROOT / "reports" / "bench-report.json")
     parser.add_argument("--keep", type=Path, default=None, help="copy the generated HTML page here")
+    parser.add_argument("--matrix", type=Path, default=None, metavar="FILE.yaml",
+                        help="one item per point of this file's whole matrix (the nightly's rows: "
+                             "scenarios/cross_product/cross_product.yaml), from --records' records by outcome")
+    parser.add_argument("--page", type=Path, default=None, metavar="PAGE.html",
+                        help="only the geometry and open time of a real run's page (at 1,400 px)")
     parser.add_argument("--sizes", nargs=2, type=Path, metavar=("PAGE.html", "RESULTS.json"),
                         help="only the size breakdown of a real run's files")
     args = parser.parse_args()
     if args.sizes:
         print(json.dumps({"html": page_sizes(args.sizes[0]), "json": results_sizes(args.sizes[1])}, indent=1))
         return
+    if args.page:  # a real run's page: its geometry and open time only
+        print(json.dumps({"page": str(args.page), **page_geometry(args.page)}, indent=1))
+        return
     records = json.loads(args.records.read_text())["items"]
     with tempfile.TemporaryDirectory(prefix="gh-bench-report-") as tmp:
         project = Path(tmp)
-        chosen = replicate(records, args.items)
-        (project / "records.json").write_text(json.dumps(chosen))
-        (project / "ids.json").write_text(json.dumps([r.get("key") or r.get("nodeid") or str(i)
-                                                      for i, r in enumerate(chosen)]))
-        (project / "evidence.txt").write_text(args.evidence)
-        (project / "conftest.py").write_text(CONFTEST)
-        (project / "test_items.py").write_text(TEST)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-        started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--html=report.html",
-                        "--self-contained-html", "--results-json=results.json", "-o", "addopts="],
-                       cwd=project, env=env, check=False, stdout=subprocess.DEVNULL)
-        wall = time.perf_counter() - started
-        page = project / "report.html"
+        if args.matrix:
+            templates = {r["outcome"]: r for r in reversed(records)}
+            chosen = matrix_records(templates, args.matrix)
+            args.items = len(chosen)
+        else:
+            chosen = replicate(records, args.items)
+        page, wall = build_page(chosen, project, args.evidence)
         if args.keep:
             shutil.copyfile(page, args.keep)
         times = json.loads((project / "render_times.json").read_text())
@@ -317,6 +404,7 @@ def main() -> None:
             "html": page_sizes(page), "json": results_sizes(project / "results.json"),
             "render_ms_median": {o: round(statistics.median(v), 1) for o, v in by.items()},
             "browser": browser_times(page, args.repeats),
+            "geometry": page_geometry(page) if find_chromium() else {},
             "unit_import_torch_s_after": round(unit_seconds(), 2),
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 """``graph-harness``: the command-line tools, one subcommand each.
 
     graph-harness schema                      the JSON Schema of a scenario file
-    graph-harness check FILE...               validate scenario files, list their items
+    graph-harness check PATH...               validate scenario files (files, directories, globs)
     graph-harness diff BASELINE CURRENT       what changed between two results files
     graph-harness verdicts A.json B.json      two backends' verdicts on the same items, item by item
     graph-harness narrow FILE.yaml::ITEM      the smallest scenario that still fails
@@ -27,9 +27,9 @@ def _schema(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from harness.scenario.__main__ import main
+    from harness.scenario.__main__ import run_check
 
-    return main(["check", *args.files])
+    return run_check(args.paths, mode=args.mode, items=args.items)
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -96,8 +96,18 @@ def _narrow(args: argparse.Namespace) -> int:
     except NarrowError as error:
         print(f"graph-harness narrow: {error}", file=sys.stderr)
         return 2
-    sys.stdout.write(render_report(result))
+    sys.stdout.write(render_report(result, trials=args.quiet))  # without -q they were printed as they ran
     return 0
+
+
+def add_check_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``check`` (also ``python -m harness.scenario check``'s)."""
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="a scenario file, a directory (its .yaml/.yml files, recursively) or a quoted glob")
+    parser.add_argument("--mode", default=None, metavar="M[,M...]",
+                        help="expand files that name no mode into these modes, as pytest --mode does")
+    parser.add_argument("--items", action="store_true", help="list every item of every valid file")
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,8 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     schema = commands.add_parser("schema", help="print the JSON Schema of a scenario file")
     schema.set_defaults(run=_schema)
 
-    check = commands.add_parser("check", help="validate scenario files and list their items (exit 1 on errors)")
-    check.add_argument("files", nargs="+", metavar="FILE")
+    check = commands.add_parser(
+        "check", help="validate scenario files, directories or globs as pytest collects them (exit 1 on errors)",
+        description="Validate scenario files exactly as pytest collection does: every error of every file "
+                    "(file:line: field: message), then one summary line. Exit 1 on errors.")
+    add_check_options(check)
     check.set_defaults(run=_check)
 
     diff = commands.add_parser(

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.graph.modes import parse_mode
-from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, load_scenario_file, locate
+from harness.scenario import (GRAPH_MODES, ScenarioError, ScenarioFileError, ScenarioPoint, load_scenario_file,
+                              locate, locate_in_point)
 from harness.scenario.yaml_source import compose_text, read_source
 
-__all__ = ["collect_points", "names_a_mode", "parse_modes", "preflight_point"]
+__all__ = ["collect_points", "names_a_mode", "parse_modes", "preflight_error", "preflight_point"]
 
 
 def parse_modes(option: str | None) -> list[str] | None:
@@ -66,43 +67,109 @@ def collect_points(path: str | Path, modes: list[str] | None = None,
     """``(item id, point)`` for every item of the file: the matrix id, plus the mode when the
     file names none and ``modes`` expands it; ``combinations`` selects matrix points (see
     :func:`harness.scenario.load_scenario_file`); ``stack`` (``--stack``) is set on every point
-    that names no stack of its own. Raises :class:`ScenarioError` for the file."""
+    that names no stack of its own.
+
+    Raises one :class:`ScenarioFileError` with every problem of the file, in one pass: the
+    schema's, and the preflight's of every point, including the points that pass the schema
+    once the values it refused are left out (a problem that involves such a value is not
+    reported: the value is wrong already)."""
     runs: list[tuple[str | None, dict[str, Any]]] = [(None, {})]
     if modes and not names_a_mode(path):
         runs = [(mode, {"graph.mode": mode}) for mode in modes]
     items: list[tuple[str, ScenarioPoint]] = []
+    errors: list[ScenarioError] = []
+    problems: dict[tuple, tuple[ScenarioError, list[str]]] = {}  # one entry per distinct problem
     for mode, overrides in runs:
-        for point in load_scenario_file(path, overrides=overrides or None, combinations=combinations):
+        try:
+            loaded = [(p, frozenset()) for p in
+                      load_scenario_file(path, overrides=overrides or None, combinations=combinations)]
+        except ScenarioFileError as failure:
+            errors.extend(failure.errors)
+            loaded = getattr(failure, "points", [])
+        for point, removed in loaded:
             if modes and point.scenario.graph.mode not in modes:
                 continue
             if stack is not None and point.scenario.stack is None:
                 point = dataclasses.replace(point, scenario=point.scenario.model_copy(update={"stack": stack}))
-            preflight_point(path, point)
-            items.append(("-".join(part for part in (point.id, mode) if part), point))
+            problem = preflight_error(path, point, unreliable=removed)
+            if problem is not None:
+                error, point_id = problem
+                key = (error.line, error.field, error.message)
+                problems.setdefault(key, (error, []))[1].append(point_id)
+            elif not removed and not errors:
+                items.append(("-".join(part for part in (point.id, mode) if part), point))
+    for error, point_ids in problems.values():
+        named = [i for i in dict.fromkeys(point_ids) if i]
+        if named:
+            shown = ", ".join(named[:4]) + (f", ... ({len(named)} points)" if len(named) > 4 else "")
+            error = ScenarioError(f"{error.message} [matrix point{'s' if len(named) > 1 else ''} {shown}]",
+                                  path=error.path, line=error.line, field=error.field)
+        errors.append(error)
+    if errors:
+        unique = {(e.line, e.field, e.message): e for e in errors}
+        raise ScenarioFileError(sorted(unique.values(), key=lambda e: e.line if e.line is not None else 0))
     return items
 
 
-def preflight_point(path: str | Path, point: ScenarioPoint) -> None:
-    """Problems only the harness can see (the point's resolution), located like the loader's errors."""
+#: Dotted scenario fields named in a message ("..., with features.sp.tp=3").
+_FIELD_NAMES = re.compile(r"\b((?:model|graph|features|workload|engine|fixes|expect)(?:\.[A-Za-z_]\w*)+)")
+
+
+def _section(field: str) -> str:
+    """What a field belongs with: a feature or fix by name, the rest by top-level section."""
+    parts = field.split(".")
+    return ".".join(parts[:2]) if parts[0] in ("features", "fixes") else parts[0]
+
+
+def preflight_error(path: str | Path, point: ScenarioPoint,
+                    unreliable: frozenset[str] = frozenset()) -> tuple[ScenarioError, str] | None:
+    """A problem only the harness can see, located at the value the user must change, with
+    the point's matrix id; None without one (or when it involves a field in ``unreliable``:
+    values the schema refused, whose defaults stand in)."""
     from harness.resolve import ItemProblem, PointSkipped, resolve_item
 
     scenario = point.scenario
     problem: tuple[str, str] | None = None
     try:
-        item = resolve_item(scenario)
+        item = resolve_item(scenario)  # the point's resolution is its preflight
     except ItemProblem as error:
         problem = (error.field, error.message)
     except PointSkipped:
         pass  # a point that cannot run is skipped with its reason: nothing wrong with the file
     else:
-        if scenario.expect.outcome != "skip":
+        if scenario.expect.outcome != "skip":  # a point reported as skipped starts no process
             problem = _dispatch_rank_problem(scenario, item.world_size)
-    if problem:
-        field, message = problem
-        where = f" [matrix point {point.id}]" if point.id else ""
-        raise ScenarioError(message + where, path=str(path),
-                            line=locate(path, re.sub(r"\[(\d+)\]", r".\1", field)) or point.source.line,
-                            field=field)
+    if not problem:
+        return None
+    field, message = problem
+    named = [field, *(f for f in _FIELD_NAMES.findall(message) if f != field)]
+    if unreliable and {_section(f) for f in named} & {_section(f) for f in unreliable}:
+        return None
+    field, line, message = _value_to_change(path, point, named, message)
+    return ScenarioError(message, path=str(path), line=line, field=field), point.id
+
+
+def _value_to_change(path: str | Path, point: ScenarioPoint, named: list[str], message: str) -> tuple[str, int | None, str]:
+    """The field, line and message of a problem: the first field it names that the file
+    writes for this point (where the user can change it), else the field the check named,
+    at its nearest parent written (or the scenario's first line)."""
+    dotted = [re.sub(r"\[(\d+)\]", r".\1", f) for f in named]
+    for shown, field in zip(named, dotted):
+        line = locate_in_point(path, point, field)
+        if line is not None:
+            if shown != named[0]:
+                message += f" ({named[0]} is not in this file: it keeps its default)"
+            return shown, line, message
+    return named[0], locate(path, dotted[0]) or point.source.line, message
+
+
+def preflight_point(path: str | Path, point: ScenarioPoint) -> None:
+    """Raise the point's preflight problem as a located :class:`ScenarioError`."""
+    problem = preflight_error(path, point)
+    if problem is not None:
+        error, point_id = problem
+        where = f" [matrix point {point_id}]" if point_id else ""
+        raise ScenarioError(error.message + where, path=error.path, line=error.line, field=error.field)
 
 
 def _dispatch_rank_problem(scenario: Any, world: int) -> tuple[str, str] | None:

@@ -246,8 +246,10 @@ def _with(data: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, 
 
 # -- the search ----------------------------------------------------------------------------------
 class _Search:
-    def __init__(self, runner: Runner, like: ScenarioPoint, check: str, max_trials: int) -> None:
+    def __init__(self, runner: Runner, like: ScenarioPoint, check: str, max_trials: int,
+                 on_trial: Callable[[Trial], None] | None = None) -> None:
         self.runner, self.like, self.check, self.max_trials = runner, like, check, max_trials
+        self.on_trial = on_trial or (lambda trial: None)
         self.trials: list[Trial] = []
         self.seen: dict[str, bool | None] = {}  # a candidate reached twice is not run twice
 
@@ -266,20 +268,25 @@ class _Search:
             return None
         result = self.runner(point)
         failed = list(result.failed_checks)
-        trial = Trial(what, self.check in failed, failed, result.verdict, round(result.duration, 3))
+        trial = Trial(what, self.check in failed, failed, result.verdict, round(result.duration, 3),
+                      kept=self.check in failed)
         self.trials.append(trial)
         self.seen[seen] = trial.fails
+        self.on_trial(trial)
         return trial.fails
 
 
 def narrow(point: ScenarioPoint, *, runner: Runner, target: str = "", check: str | None = None,
            max_trials: int = MAX_TRIALS, progress: Callable[[str], None] | None = None) -> Narrowed:
-    """Delta-debug ``point`` down to a minimal scenario that still fails ``check``."""
-    say = progress or (lambda line: None)
+    """Delta-debug ``point`` down to a minimal scenario that still fails ``check``.
+
+    ``progress`` gets each trial's line (:func:`trial_line`) as the trial ends, so a caller that
+    shows progress has shown the trial list once already (see ``render_report(trials=...)``)."""
+    say = (lambda trial: progress(trial_line(trial))) if progress else None
     data = point.scenario.model_dump(mode="json")
     data["expect"] = {}  # trials are judged by their checks, not by the scenario's expectation
     data["graph"].pop("num_speculative_tokens", None)  # a mirror of features.mtp.k: follows it
-    search = _Search(runner, point, check or "", max_trials + 1)  # +1: the original run
+    search = _Search(runner, point, check or "", max_trials + 1, on_trial=say)  # +1: the original run
     first = runner(_as_point(data, point) or point)
     failed = list(first.failed_checks)
     if check is None:
@@ -291,10 +298,10 @@ def narrow(point: ScenarioPoint, *, runner: Runner, target: str = "", check: str
                           f"(failed: {', '.join(failed) or 'none'}; {first.verdict})")
     search.check = check
     search.trials.append(Trial("the item as run", True, failed, first.verdict, round(first.duration, 3), kept=True))
+    search.on_trial(search.trials[-1])
     result = Narrowed(target or point.display_name, check, _copy(data), data)
     names = active_feature_names(data)
     result.features.append(f"fails with {'+'.join(feature_label(n, data) for n in names) or 'no feature'}")
-    say(result.features[0])
     current = data
     # Features first, the rank-costly ones first: dropping dp or cp early halves every later trial.
     order = sorted(names, key=lambda n: -_rank_weight(n, current))
@@ -303,8 +310,6 @@ def narrow(point: ScenarioPoint, *, runner: Runner, target: str = "", check: str
         fails = search.fails(label, candidate)
         if fails is not None:
             result.features.append(f"{'fails' if fails else 'passes'} {label}")
-            say(result.features[-1])
-            search.trials[-1].kept = fails
         return fails
 
     for name in order:
@@ -331,9 +336,7 @@ def narrow(point: ScenarioPoint, *, runner: Runner, target: str = "", check: str
             if fails is False:
                 rejected.add(what)
             if fails:
-                search.trials[-1].kept = True
                 current = candidate
-                say(f"still fails after {what}")
                 changed = True
                 break
     remaining = active_feature_names(current)
@@ -381,10 +384,19 @@ def write_minimal(narrowed: Narrowed, out_dir: Path) -> Path:
     return path
 
 
-def render_report(narrowed: Narrowed) -> str:
+def trial_line(trial: Trial) -> str:
+    """One trial as the report lists it: what changed, whether the check still failed."""
+    return (f"{trial.what}: {'FAILS' if trial.fails else 'passes'} ({', '.join(trial.failed_checks) or 'no check failed'})"
+            f"{' [kept]' if trial.kept else ''} {trial.duration:.1f} s")
+
+
+def render_report(narrowed: Narrowed, *, trials: bool = True) -> str:
+    """The final report; ``trials=False`` when the trial list was shown as it ran (progress)."""
     lines = [f"narrow {narrowed.target}: target check {narrowed.check}"]
-    lines.extend(f"  {t.what}: {'FAILS' if t.fails else 'passes'} ({', '.join(t.failed_checks) or 'no check failed'})"
-                 f"{' [kept]' if t.kept else ''} {t.duration:.1f} s" for t in narrowed.trials)
+    if trials:
+        lines.extend(f"  {trial_line(t)}" for t in narrowed.trials)
+    else:
+        lines.append(f"  {len(narrowed.trials)} trial(s), listed above")
     lines.append(narrowed.verdict)
     if narrowed.budget_spent:
         lines.append("(trial budget spent: raise --max-trials for a smaller scenario)")

@@ -9,6 +9,7 @@ junitxml properties and the pytest-html extras.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import gc
 import os
 import time
@@ -19,13 +20,16 @@ import pytest
 
 from harness.collection import collect_points, parse_modes
 from harness import pytest_matrix
+from harness.pytest_terminal import TerminalGlue, scenario_skip_location
 from harness.engine import BACKENDS
 from harness.report.record import report_record
 from harness.report.results import EVIDENCE_CHOICES, attach_record, item_record, metrics, write_results
 from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, locate
 from harness.stacks import DEFAULT_STACK, stack_names
 
-SCENARIO_DIR = "scenarios"
+SCENARIO_FILES_INI = "scenario_files"
+#: The YAML files collected when pytest walks a directory: those under a folder named scenarios.
+DEFAULT_SCENARIO_FILES = ["scenarios/*.yaml", "scenarios/*.yml"]
 _results_key = pytest.StashKey[list]()
 _report_errors_key = pytest.StashKey[list]()
 DEFAULT_RESULTS_JSON = os.path.join("reports", "graph-harness-results.json")
@@ -50,6 +54,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help=f"the release every scenario that names no `stack:` models (default {DEFAULT_STACK}, "
                          "the newest); a scenario's own stack is kept: its expect was written for it")
     pytest_matrix.add_options(group)
+    parser.addini(SCENARIO_FILES_INI, type="args", default=DEFAULT_SCENARIO_FILES,
+                  help="glob patterns of the YAML files collected as scenarios when a directory is "
+                       "walked (a file named on the command line always is); a pattern with a '/' "
+                       "matches the path below the rootdir, '*' matching '/' too; default: "
+                       + " ".join(DEFAULT_SCENARIO_FILES))
 
 
 def selected_modes(config: pytest.Config) -> list[str] | None:
@@ -83,11 +92,15 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
     config.stash[_results_key] = []
     config.pluginmanager.register(ResultsCollector(config), "graph-harness-results")
+    config.pluginmanager.register(TerminalGlue(config), "graph-harness-terminal")
     if config.pluginmanager.hasplugin("html") and not hasattr(config, "workerinput"):  # where the page is written
-        from harness.report.html_hooks import HtmlReport
+        from harness.report.html_hooks import COLLAPSED, HtmlReport, report_title
 
-        config.pluginmanager.register(HtmlReport(config.stash[_results_key], preload_charts=not runs_items),
-                                      "graph-harness-html")
+        title = report_title([str(arg) for arg in config.args], selected_modes(config), str(config.invocation_params.dir))
+        # Only failed rows start open, unless the run set pytest-html's render_collapsed itself.
+        collapsed = COLLAPSED if config.getini("render_collapsed") == "passed" else ""
+        config.pluginmanager.register(HtmlReport(config.stash[_results_key], preload_charts=not runs_items,
+                                                 title=title, collapsed=collapsed), "graph-harness-html")
     _describe_environment(config)
 
 
@@ -129,9 +142,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    if file_path.suffix in (".yaml", ".yml") and SCENARIO_DIR in file_path.parent.parts:
+    # A YAML file named on the command line is a scenario wherever it lives; one found under a
+    # directory is a scenario when it matches the `scenario_files` patterns.
+    if file_path.suffix not in (".yaml", ".yml"):
+        return None
+    if parent.session.isinitpath(file_path) or matches_scenario_files(
+            file_path, parent.config.getini(SCENARIO_FILES_INI), parent.config.rootpath):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
+
+
+def matches_scenario_files(path: Path, patterns: list[str], root: Path) -> bool:
+    """Whether ``path`` matches one of the ``scenario_files`` patterns, as pytest matches
+    ``python_files``: a pattern with a ``/`` against the path (relative to the root, or
+    anywhere below a directory: ``scenarios/*.yaml`` matches ``a/scenarios/b/c.yaml``, since
+    ``*`` also matches ``/``), a pattern without one against the file name."""
+    try:
+        relative = path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        relative = path.as_posix()
+    for pattern in patterns:
+        if "/" not in pattern:
+            if fnmatch.fnmatchcase(path.name, pattern):
+                return True
+        elif fnmatch.fnmatchcase(relative, pattern) or fnmatch.fnmatchcase(relative, f"*/{pattern}"):
+            return True
+    return False
 
 
 class ScenarioFile(pytest.File):
@@ -209,8 +245,7 @@ class ScenarioItem(pytest.Item):
             from harness.report.terminal import failure_text
 
             where = f"{os.path.relpath(self.path, self.config.invocation_params.dir)}:{self.point.source.line or 1}"
-            text = failure_text(self.record, where=where,
-                                path=str(self.path), locate=locate, reports=_report_paths(self.config))
+            text = failure_text(self.record, where=where, path=str(self.path), locate=locate)
             if self.record.get("traceback"):
                 text += "\n" + self.record["traceback"]
             return text
@@ -224,9 +259,11 @@ class ScenarioItem(pytest.Item):
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
     outcome = yield
     report = outcome.get_result()
-    if call.when != "call" or not isinstance(item, ScenarioItem) or item.record is None:
+    if call.when != "call" or not isinstance(item, ScenarioItem):
         return
-    attach_record(report, item.record)  # travels to the xdist controller with the report
+    scenario_skip_location(report, item.path, item.point.source.line)
+    if item.record is not None:
+        attach_record(report, item.record)  # travels to the xdist controller with the report
 
 
 class ResultsCollector:

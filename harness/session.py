@@ -119,7 +119,11 @@ def decide(expect, checks: dict[str, CheckResult]) -> tuple[str, str]:
     if expect.outcome == "pass":
         if not failed:
             table = " and the dispatch table matched" if CheckName.DISPATCH in checks else ""
-            return PASSED, "all four checks passed" + table
+            idle = [name for name in _ordered(checks) if not checks[name].evaluated]
+            if not idle:
+                return PASSED, "all four checks passed" + table
+            ran = [name for name in _ordered(checks) if checks[name].evaluated and name in CHECKS]
+            return PASSED, (f"{', '.join(ran) or 'no check'} passed; not evaluated: {', '.join(idle)}" + table)
         return FAILED, "; ".join(f"{name}: {checks[name].summary}" for name in _ordered(failed))
     wanted = set(expect.failing_checks)
     if failed == wanted:
@@ -328,15 +332,22 @@ def _run_ranks(item: ResolvedItem) -> tuple[dict[str, CheckResult], RunRecord, l
     for name in per_rank[0][1]:
         results = [(rank, checks[name]) for rank, (_, checks) in enumerate(per_rank) if name in checks]
         failing = [(rank, r) for rank, r in results if not r.passed]
-        rank, chosen = failing[0] if failing else results[0]
-        summary = f"rank {rank}: {chosen.summary}" if failing else f"{chosen.summary} (all {world} ranks)"
+        evaluated = [(rank, r) for rank, r in results if r.evaluated]
+        rank, chosen = (failing or evaluated or results)[0]
+        if failing:
+            summary = f"rank {rank}: {chosen.summary}"
+        elif len(evaluated) in (0, len(results)):
+            summary = f"{chosen.summary} (all {world} ranks)"
+        else:  # a pass some ranks could not judge: say whose it is
+            summary = f"{chosen.summary} (ranks {', '.join(str(r) for r, _ in evaluated)} of {world}; the others not evaluated)"
         merged[name] = CheckResult(name, not failing, summary, chosen.first_step,
-                                   {**chosen.details, "ranks_failing": [r for r, _ in failing]})
+                                   {**chosen.details, "ranks_failing": [r for r, _ in failing]},
+                                   evaluated=bool(failing or evaluated))
     for rank, (_, checks) in enumerate(per_rank):  # a check that failed on some rank only
         for name, check in checks.items():
             if name not in merged:
                 merged[name] = CheckResult(name, check.passed, f"rank {rank}: {check.summary}", check.first_step,
-                                           check.details)
+                                           check.details, evaluated=check.evaluated)
     shown = next((rank for rank, (_, checks) in enumerate(per_rank) if any(not c.passed for c in checks.values())), 0)
     return merged, per_rank[shown][0], [layout, f"the run evidence shown is rank {shown}'s"]
 

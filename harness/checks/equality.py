@@ -26,12 +26,14 @@ from typing import Any
 import torch
 from deepdiff import DeepDiff
 
-from harness.checks.result import CheckName, CheckResult
+from harness.checks.result import CheckName, CheckResult, not_evaluated
 from harness.graph.record import RunRecord, StepRecord
 
 #: Per-dtype tolerances for comparisons that are not bitwise (logits are float32, but a bf16
 #: model's rows carry bf16 rounding from every layer).
 DTYPE_TOLERANCE = {"float32": (1e-5, 1.3e-6), "bfloat16": (2e-2, 1.6e-2)}
+#: Mismatches kept as evidence; ``mismatches_total`` says how many there were when more.
+MAX_MISMATCHES = 20
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ def check_equality(record: RunRecord, *, dtype: str, bitwise_replay: bool,
     mismatches: list[dict[str, Any]] = []
     ties: list[dict[str, Any]] = []  # pairs that parted at a tie within rounding: compared no further
     compared = 0
+    graph_compared = 0  # comparisons that involve the graph path: what makes the check evaluated
     for step in record.steps:
         logits = step.logits
         pairs = (("graph", "padded", graph_tol, "graph effect"), ("padded", "reference", padding_tol, "padding effect"))
@@ -113,6 +116,7 @@ def check_equality(record: RunRecord, *, dtype: str, bitwise_replay: bool,
             if left not in logits or right not in logits or any(t["paths"] == f"{left} vs {right}" for t in ties):
                 continue
             compared += 1
+            graph_compared += left == "graph"
             tokens_equal = step.sampled.get(left) == step.sampled.get(right)
             close = _compare(logits[left], logits[right], tol)
             if close and tokens_equal:
@@ -135,6 +139,7 @@ def check_equality(record: RunRecord, *, dtype: str, bitwise_replay: bool,
     plain = record.texts.get("plain")
     if plain is not None:  # speculative decoding: greedy spec output must equal greedy plain output
         compared += 1
+        graph_compared += bool(any(record.texts.get("graph", {}).values())) and not record.error_of("graph")
         for path in ("reference", "graph"):
             text = record.texts.get(path, {})
             cut = set(record.unfinished.get(path, ())) | set(record.unfinished.get("plain", ()))
@@ -147,19 +152,26 @@ def check_equality(record: RunRecord, *, dtype: str, bitwise_replay: bool,
                                    "effect": "speculative decoding changed the output", "request": req,
                                    "tokens": {path: text.get(req), "plain": plain[req]},
                                    "runtime_mode": "-", "bucket": "-"})
-    details = {"compared": compared, "mismatches": mismatches[:20], "ties": ties,
-               "tolerance": {"graph_vs_padded": vars(graph_tol), "padded_vs_reference": vars(padding_tol)}}
+    details = {"compared": compared, "graph_compared": graph_compared, "mismatches": mismatches[:MAX_MISMATCHES],
+               "ties": ties, "tolerance": {"graph_vs_padded": vars(graph_tol), "padded_vs_reference": vars(padding_tol)}}
+    if len(mismatches) > MAX_MISMATCHES:  # the count the summary gives, kept with the shortened list
+        details["mismatches_total"] = len(mismatches)
     unexplained = [m for m in mismatches
                    if explained_from is None or m["step"] is None or m["step"] < explained_from]
     if not unexplained:
-        summary = f"{compared} comparisons equal" + (" (bitwise graph vs padded)" if graph_tol.bitwise else "")
-        for tie in ties:
-            summary += f"; {tie['paths']} parted at a tie within rounding at step {tie['step']}, compared up to there"
         if mismatches:
             summary = (f"{len(mismatches)} mismatch(es) from step {mismatches[0]['step']} on, explained by "
                        f"an earlier failure of another check (step {explained_from})")
-        if compared == 0:
-            summary = "not evaluated: no step ran on the graph path"
+            return CheckResult(CheckName.EQUALITY, True, summary, details=details)
+        if graph_compared == 0:  # padded vs reference alone says nothing about replay
+            why = "the graph path produced no step to compare"
+            if compared:
+                why += f" ({compared} padded vs reference comparison(s) equal)"
+            return not_evaluated(CheckName.EQUALITY, why, details)
+        summary = (f"{compared} comparisons equal ({graph_compared} graph vs padded"
+                   f"{', bitwise' if graph_tol.bitwise else ''})")
+        for tie in ties:
+            summary += f"; {tie['paths']} parted at a tie within rounding at step {tie['step']}, compared up to there"
         return CheckResult(CheckName.EQUALITY, True, summary, details=details)
     first = unexplained[0]
     where = (f"request {first.get('request')} position {first.get('position')}, max abs error "

@@ -9,7 +9,7 @@ contract proposal (reference section 4) asks of every such failure.
 
 from __future__ import annotations
 
-from harness.checks.result import CheckName, CheckResult
+from harness.checks.result import CheckName, CheckResult, not_evaluated
 from harness.graph.record import RunRecord
 
 
@@ -40,6 +40,8 @@ def check_fia_invariant(record: RunRecord, contract: str) -> CheckResult:
     strict_only = sum(1 for c in calls if not c.strict_ok and c.relaxed_ok)
     details = {"calls": len(calls), "contract": contract, "violations": violations,
                "strict_violations_relaxed_accepts": strict_only}
+    if not calls:
+        return not_evaluated(CheckName.FIA_INVARIANT, "no FIA call was made", details)
     if not violations:
         note = ""
         if contract == "relaxed" and strict_only:

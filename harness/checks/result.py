@@ -1,4 +1,8 @@
-"""The verdict of one check on one run, with what a triager needs to act on it."""
+"""The verdict of one check on one run, with what a triager needs to act on it.
+
+A check that saw no evidence at all passes *not evaluated* (``evaluated=False``, a summary
+that starts with "not evaluated:"), never a plain PASS.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +25,17 @@ class CheckResult:
     summary: str
     first_step: int | None = None  # the step of the first violation (for root-cause ordering)
     details: dict[str, Any] = field(default_factory=dict)
+    #: False when the check looked at nothing (no FIA call, no graph step compared, no FULL
+    #: replay, no capture): its pass would be vacuous, so every report says "not evaluated".
+    #: Decided here, by the check that knows what it compared, so that the HTML, the JSON and
+    #: the terminal cannot disagree.
+    evaluated: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "passed": self.passed, "summary": self.summary,
+        return {"name": self.name, "passed": self.passed, "evaluated": self.evaluated, "summary": self.summary,
                 "first_step": self.first_step, "details": self.details}
+
+
+def not_evaluated(name: str, why: str, details: dict[str, Any] | None = None) -> CheckResult:
+    """A pass that looked at nothing: ``why`` says what was missing."""
+    return CheckResult(name, True, f"not evaluated: {why}", None, details or {}, evaluated=False)

@@ -8,7 +8,7 @@ eager reference does not. Both texts are kept side by side with their repetition
 
 from __future__ import annotations
 
-from harness.checks.result import CheckName, CheckResult
+from harness.checks.result import CheckName, CheckResult, not_evaluated
 from harness.graph.record import RunRecord
 from harness.model import longest_repeat_run, repetition_score
 
@@ -55,9 +55,12 @@ def check_stale_params(record: RunRecord) -> CheckResult:
         summary = (f"graph text repeats where eager does not (requests {', '.join(repeated)}; "
                    f"{_scores(repetition)}): host parameters were probably frozen at capture")
         return CheckResult(CheckName.STALE_PARAMS, False, summary, _first_divergence(record, repeated), details)
-    how = f"{compared} layer-steps compared" if compared else "no FULL replay: attention ran on live lists"
-    if unverifiable:
+    if unverifiable and any(record.texts.get("graph", {}).values()):
         how = "the backend cannot report executed lists; texts compared"
+    elif compared:
+        how = f"{compared} layer-steps compared"
+    else:  # no FULL replay ran (or the graph path stopped first): attention read live lists
+        return not_evaluated(CheckName.STALE_PARAMS, "no FULL replay ran, so no host list could go stale", details)
     return CheckResult(CheckName.STALE_PARAMS, True, f"host lists live on every replay ({how})", details=details)
 
 

@@ -7,7 +7,7 @@ reported on every item, passing or not, so a configuration creeping towards the 
 
 from __future__ import annotations
 
-from harness.checks.result import CheckName, CheckResult
+from harness.checks.result import CheckName, CheckResult, not_evaluated
 from harness.graph.record import ErrorCategory, RunRecord
 
 
@@ -18,6 +18,8 @@ def check_stream_budget(record: RunRecord) -> CheckResult:
     if exhausted:
         error = exhausted[0]
         return CheckResult(CheckName.STREAM_BUDGET, False, f"capture failed: {error.message}", None, details)
+    if not record.graphs_captured:
+        return not_evaluated(CheckName.STREAM_BUDGET, "no graph was captured", details)
     in_use, pool = usage.get("in_use"), usage.get("pool_size")
     if in_use is None or not pool:
         summary = f"{record.graphs_captured} graphs captured; the runtime reports no stream count"

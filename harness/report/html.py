@@ -32,7 +32,7 @@ from harness.report.view import (EXPLAINED, FAIL, check_states, feature_label, f
                                  fixes_off, item_mode)
 
 __all__ = ["render_item", "render_page", "render_fragments", "read_fragments", "row_values", "item_key",
-           "fixes_sentence", "TABLE_COLUMNS", "MAX_ROWS"]
+           "fixes_sentence", "TABLE_COLUMNS", "MAX_ROWS", "COLLAPSED"]
 
 #: Rows of a violation / mismatch / stale table shown before an "N more" note.
 MAX_ROWS = 12
@@ -150,18 +150,26 @@ def _fia(check: Mapping) -> dict | None:
                      "q": _ints(v.get("actual_seq_lengths")), "kv": _ints(v.get("actual_seq_lengths_kv")),
                      "padding": _text(v.get("padding")), "message": _text(v.get("message")),
                      "other_ok": _yes_no(other_ok)})
-    return {"kind": "fia_invariant", "total": len(violations), "calls": _text(details.get("calls")),
+    return {"kind": "fia_invariant", "total": _total(details, "violations"), "calls": _text(details.get("calls")),
             "contract": _text(contract), "other": other, "rows": rows}
 
 
+def _total(details: Mapping, name: str) -> int:
+    """How many entries an evidence list had: the results file keeps the first ones of a long
+    list and its length as ``<name>_total``, the number the check's summary gives."""
+    total = details.get(f"{name}_total")
+    return total if isinstance(total, int) else len(_list(details.get(name)))
+
+
 def _stale(check: Mapping) -> dict | None:
-    stale = _list(_dict(check.get("details")).get("stale"))
+    details = _dict(check.get("details"))
+    stale = _list(details.get("stale"))
     if not stale:
         return None
     rows = [{"step": _text(s.get("step")), "layer": _text(s.get("layer")), "argument": _text(s.get("argument")),
              "bucket": _text(s.get("bucket")), "executed": _ints(s.get("executed")),
              "expected": _ints(s.get("expected"))} for s in map(_dict, stale[:MAX_ROWS])]
-    return {"kind": "stale_params", "total": len(stale), "rows": rows}
+    return {"kind": "stale_params", "total": _total(details, "stale"), "rows": rows}
 
 
 def _format_diff(diff: Mapping) -> str:
@@ -188,7 +196,8 @@ def _host_lists(executed: Any) -> str:
 
 
 def _equality(check: Mapping, state: str) -> dict | None:
-    mismatches = _list(_dict(check.get("details")).get("mismatches"))
+    details = _dict(check.get("details"))
+    mismatches = _list(details.get("mismatches"))
     if not mismatches:
         return None
     rows, metadata = [], []
@@ -209,7 +218,7 @@ def _equality(check: Mapping, state: str) -> dict | None:
                              "executed": _host_lists(m.get("executed_host_lists"))})
     failing = state == FAIL
     label = "failing" if failing else "explained by another check's earlier failure"
-    return {"kind": "equality", "total": len(mismatches), "rows": rows, "metadata": metadata,
+    return {"kind": "equality", "total": _total(details, "mismatches"), "rows": rows, "metadata": metadata,
             "failing": failing, "state": label}
 
 
@@ -396,7 +405,12 @@ def render_item(record: Mapping, *, draw_charts: bool | None = None, salt: str =
 
 
 def _grid(records: list[Mapping]) -> dict:
-    """Mode x feature combination: per cell the items and their outcomes (worst one colours it)."""
+    """Feature combination x mode: per cell the items and their outcomes (worst one colours it).
+
+    One row per combination and one column per mode: there are at most five modes, so the
+    grid is never wider than a window, while a nightly run has dozens of combinations (72 for
+    the cross product), which scroll inside the grid's own box (a column per combination made
+    the nightly page 7,652 px wide)."""
     severity = {"failed": 0, "xpassed": 1, "xfailed": 2, "skipped": 3, "passed": 4}
     cells: dict[tuple[str, str], dict[str, int]] = {}
     for record in records:
@@ -408,47 +422,61 @@ def _grid(records: list[Mapping]) -> dict:
     modes = sorted({m for m, _ in cells}, key=lambda m: (mode_order.index(m) if m in mode_order else 99, m))
     combos = sorted({f for _, f in cells}, key=lambda f: (f != "base", f.count("+"), f))
     rows = []
-    for mode in modes:
+    for combo in combos:
         row = []
-        for combo in combos:
+        for mode in modes:
             counts = cells.get((mode, combo))
             if not counts:
                 row.append(None)
                 continue
             worst = min(counts, key=lambda o: severity.get(o, -1))
             title = ", ".join(f"{n} {o}" for o, n in sorted(counts.items(), key=lambda kv: severity.get(kv[0], -1)))
-            row.append({"worst": worst, "total": sum(counts.values()), "title": f"{mode} \u00d7 {combo}: {title}",
-                        "bad": counts.get("failed", 0)})
-        rows.append((mode, row))
-    return {"combos": combos, "rows": rows}
+            bad = counts.get("failed", 0)
+            total = sum(counts.values())
+            row.append({"worst": worst, "total": total, "title": f"{mode} \u00d7 {combo}: {title}", "bad": bad,
+                        "text": f"{bad}/{total}" if bad else str(total)})
+        rows.append((combo, row))
+    return {"modes": modes, "combos": combos, "rows": rows}
 
 
-def render_page(records: list[Mapping], *, media: bool = True) -> str:
+#: The rows pytest-html starts collapsed when the run does not choose (its ``render_collapsed``
+#: default is "passed" alone): every row that did not fail, so that the page opens on the
+#: failures (a nightly page began with 1,610 skipped rows open, 199,121 px tall).
+COLLAPSED = "passed,skipped,xfailed,xpassed"
+
+
+def render_page(records: list[Mapping], *, media: bool = True, collapsed: str = COLLAPSED) -> str:
     """What goes once at the top of the page: CSS, the outcome grid, the run's charts, filters.
+
+    ``collapsed``: the outcomes whose rows start collapsed (pytest-html's ``render_collapsed``;
+    empty: leave pytest-html's setting alone). The page's script sets it in pytest-html's data
+    before pytest-html reads it; a ``?collapsed=`` in the page's URL still wins.
 
     ``media``: whether any test of the run attached an image or a video. Without any, the
     page's script drops the ``<video>`` element from pytest-html's row template before
     pytest-html builds its rows: a thousand video elements, created again on every redraw,
     were four fifths of the cost of opening a 1,000-item report and of each sort, filter
-    and click (pytest-html issue #684; figures in the README)."""
+    and click (pytest-html issue #684; figures in benchmarks/README.md)."""
     records = [_dict(r) for r in records or []]
     outcomes: dict[str, int] = {}
     for record in records:
         outcome = str(record.get("outcome") or "unknown")
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    grid = _grid(records)
     usage = [(_utilisation(_dict(_dict(r.get("run")).get("stream_usage"))), r) for r in records]
     usage = [(u, r) for u, r in usage if u is not None]
     peak = max(usage, key=lambda ur: ur[0]) if usage else None
     context = {
         "css": _static("report.css"), "script": _static("report.js"),
-        "grid": _grid(records), "outcomes": outcomes, "total": len(records),
+        "grid": grid, "outcomes": outcomes, "total": len(records),
         "waste_chart": charts.safely(charts.padding_waste_svg, records),
         "peak": None if peak is None else {"pct": f"{peak[0]:.1f}%", "mode": item_mode(peak[1]),
                                            "features": feature_label(peak[1].get("scenario")),
                                            "name": _text(peak[1].get("name"))},
         "checks": sorted({c for r in records for c in _list(r.get("failed_checks"))}),
-        "modes": [mode for mode, _ in _grid(records)["rows"]],
+        "modes": grid["modes"],
         "media": media,
+        "collapsed": collapsed,
     }
     return _environment().get_template("page.html.j2").render(context)
 

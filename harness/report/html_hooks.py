@@ -16,15 +16,17 @@ the fragment says) are left out of pytest-html's data.
 from __future__ import annotations
 
 import html as html_escape
+import os
 import threading
 from typing import Any
 
 import pytest
 
-from harness.report.html import TABLE_COLUMNS, item_key, render_fragments, render_item, render_page, row_values
+from harness.report.html import (COLLAPSED, TABLE_COLUMNS, item_key, render_fragments, render_item, render_page,
+                                 row_values)
 from harness.report.record import report_record
 
-__all__ = ["HtmlReport", "FRAGMENT_KEY", "attach_fragment"]
+__all__ = ["HtmlReport", "FRAGMENT_KEY", "attach_fragment", "report_title"]
 
 #: The test-report attribute that holds an item's rendered fragment, once rendered.
 FRAGMENT_KEY = "graph_harness_html"
@@ -40,6 +42,22 @@ def attach_fragment(report: pytest.TestReport, record: dict[str, Any]) -> None:
     setattr(report, FRAGMENT_KEY, fragment)
 
 
+def report_title(args: list[str], modes: list[str] | None = None, cwd: str | None = None) -> str:
+    """The page's title says what ran: ``graph-harness: tests, scenarios`` for the whole test
+    suite, ``graph-harness: scenarios (FULL)`` for the scenario library in one mode (``args``:
+    what pytest collected from, relative to ``cwd`` where they lie below it)."""
+    cwd = cwd or os.getcwd()
+    names = []
+    for arg in args:
+        path, sep, rest = str(arg).partition("::")
+        relative = os.path.relpath(path, cwd) if os.path.isabs(path) else path
+        if relative.startswith(".."):
+            relative = path
+        names.append((os.path.basename(os.path.abspath(path)) if relative == "." else relative) + sep + rest)
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"graph-harness: {shown or 'run'}" + (f" ({', '.join(modes)})" if modes else "")
+
+
 def _sort_key(text: str) -> str:
     """A hidden prefix that makes pytest-html's string sort order numbers by value."""
     return f'<span hidden>{int(text):08d}</span>' if text.isdigit() else ""
@@ -48,7 +66,10 @@ def _sort_key(text: str) -> str:
 class HtmlReport:
     """pytest-html hooks; collects the fragments on the process that writes the report."""
 
-    def __init__(self, records: list[dict[str, Any]], *, preload_charts: bool = False) -> None:
+    def __init__(self, records: list[dict[str, Any]], *, preload_charts: bool = False,
+                 title: str = "graph-harness", collapsed: str = COLLAPSED) -> None:
+        self.title = title
+        self.collapsed = collapsed  # rows pytest-html starts collapsed (see render_page)
         self.records = records  # the results collector's list: every item's record, any worker
         self.fragments: dict[str, str] = {}
         self.media = False  # whether any test attached an image or a video (pytest-html extras)
@@ -74,7 +95,7 @@ class HtmlReport:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_report_title(self, report: Any) -> None:
-        report.title = "graph-harness: graph-mode scenarios"
+        report.title = self.title
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_html_results_table_header(self, cells: list[str]) -> None:
@@ -112,7 +133,7 @@ class HtmlReport:
         # A rendering bug must not cost the report that pytest-html is about to write.
         try:
             if self.records or self.fragments:
-                prefix.append(render_page(self.records, media=self.media))
+                prefix.append(render_page(self.records, media=self.media, collapsed=self.collapsed))
         except Exception as error:  # noqa: BLE001
             prefix.append(f"<p>graph-harness could not render the summary: {html_escape.escape(repr(error))}</p>")
         if self.fragments:

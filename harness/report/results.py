@@ -29,6 +29,7 @@ from typing import Any
 
 from harness.graph.record import RunRecord
 from harness.report.charts import step_padding
+from harness.report.view import check_states
 
 SCHEMA_VERSION = 2
 RECORD_KEY = "graph_harness_record"
@@ -124,7 +125,7 @@ def summary_record(record: dict[str, Any]) -> dict[str, Any]:
     ``narrow`` read), each check's verdict, summary line and counts (so the report can still
     say PASS or *not evaluated*), the run's totals and its per-bucket padding (the page's
     charts). Dropped: per-step dispatch, texts, evidence lists, per-bucket stream usage and
-    per-graph memory. Figures: README, "HTML report".
+    per-graph memory. Figures: benchmarks/README.md, "HTML report".
     """
     summary = dict(record, evidence="summary")
     summary["checks"] = {name: {**check, "details": _scalars(check.get("details") or {})}
@@ -188,6 +189,8 @@ def item_record(result: Any, environment: dict[str, Any] | None = None, *, nodei
     }
     if environment is not None:
         record["environment"] = environment
+    for state in check_states(record):  # the word the HTML badge and the terminal use
+        record["checks"][state.name]["state"] = state.state
     record["key"] = item_key(record)
     record["metrics"] = item_metrics(record)
     if evidence != "all" and record["outcome"] not in FULL_EVIDENCE_OUTCOMES:

@@ -1,21 +1,27 @@
 """The terminal's account of a scenario item: one line that names what failed, and where.
 
-pytest's short summary shows the first line of an item's failure text, so that line leads
-with the scenario file and line, and the first failing check's summary; the lines below add
-the fix switch the file turned off (the usual explanation of a known-bad item), the verdict,
-and where the HTML and JSON reports are. Pure: no pytest.
+A failed item's block leads with the scenario file and line and the first failing check's
+summary; the lines below add the fix switch the file turned off (the usual explanation of a
+known-bad item), every check's state (the words the HTML report's badges use, so that a check
+that looked at nothing reads *not evaluated* here too) and the verdict. pytest's short summary
+("FAILED node id - ...") shows a shorter line of its own (:func:`summary_line`): the node id
+already names the file, so it gives the failing check first, then the line, step and bucket,
+where a terminal's width still shows them. The reports are named once, at the end of the run
+(:func:`reports_line`), not in every block. Pure: no pytest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from harness.report.html import fixes_sentence
-from harness.report.view import fixes_off, first_failure
+from harness.report.view import check_states, first_failure, fixes_off
 
-__all__ = ["failure_text", "reports_line"]
+__all__ = ["FailureRepr", "failure_text", "known_bad_line", "reports_line", "states_line", "summary_line"]
 
 
 def _fix_lines(record: Mapping, path: str | None, locate: Any) -> str:
@@ -36,23 +42,88 @@ def reports_line(reports: Sequence[tuple[str, str | Path | None]]) -> str:
     return "reports: " + ", ".join(named) if named else ""
 
 
-def failure_text(record: Mapping, *, where: str, path: str | None = None, locate: Any = None,
-                 reports: Sequence[tuple[str, str | Path | None]] = ()) -> str:
-    """The failure text of a failed (or known-bad, failed as expected) scenario item.
+def _headline(record: Mapping) -> str:
+    """What failed: the first failing check with its step and bucket, or the verdict."""
+    first = first_failure(record)
+    if first is None:
+        return str(record.get("verdict") or "")
+    at = ", ".join(part for part in (f"step {first.step}" if first.step is not None else "",
+                                     f"bucket {first.bucket}" if first.bucket is not None else "") if part)
+    return f"{first.check} failed{f' at {at}' if at else ''}: {first.summary}"
+
+
+def states_line(record: Mapping) -> str:
+    """``checks: fia_invariant PASS, stale_params FAIL, equality explained by stale_params``."""
+    states = check_states(record)
+    return "checks: " + ", ".join(f"{s.name} {s.label}" for s in states) if states else ""
+
+
+def failure_text(record: Mapping, *, where: str, path: str | None = None, locate: Any = None) -> str:
+    """The failure block of a failed (or known-bad, failed as expected) scenario item.
 
     ``where`` is ``file:line`` of the scenario; ``locate(path, field)`` finds the line of a
     field in the file (the scenario loader's), to point at the fix switch.
     """
+    head = f"{where}: {_headline(record)}"
     first = first_failure(record)
     verdict = str(record.get("verdict") or "")
-    if first is None:
-        head = f"{where}: {verdict}"
-        extra = []
-    else:
-        at = ", ".join(part for part in (f"step {first.step}" if first.step is not None else "",
-                                         f"bucket {first.bucket}" if first.bucket is not None else "") if part)
-        head = f"{where}: {first.check} failed{f' at {at}' if at else ''}: {first.summary}"
-        said = f"verdict: {verdict}" if verdict and first.summary not in verdict else ""
-        extra = [f"  {line}" for line in (_fix_lines(record, path, locate), said) if line]
-    tail = reports_line(reports)
-    return "\n".join([head, *extra, *([f"  {tail}"] if tail else [])])
+    said = f"verdict: {verdict}" if first is not None and verdict and first.summary not in verdict else ""
+    states = states_line(record)
+    extra = [f"  {line}" for line in (_fix_lines(record, path, locate), states, said) if line]
+    return "\n".join([head, *extra])
+
+
+_UNEXPECTED_PASS = re.compile(r"known-bad scenario passed unexpectedly: expected (?P<checks>.+?) to fail(?P<rest>.*)")
+
+
+def summary_line(record: Mapping, line: int | None) -> str:
+    """The message pytest's short summary shows after ``FAILED <node id> -``, cut to the
+    terminal's width: the failing check first, then its step, bucket and the scenario's line
+    (the node id names the file), then the check's summary."""
+    where = f"line {line or 1}"
+    first = first_failure(record)
+    if first is not None:
+        at = "".join(f", {name} {value}" for name, value in (("step", first.step), ("bucket", first.bucket))
+                     if value is not None)
+        return f"{first.check} failed ({where}{at}): {first.summary}"
+    verdict = str(record.get("verdict") or "")
+    unexpected = _UNEXPECTED_PASS.fullmatch(verdict)
+    if unexpected:  # a known-bad item whose check did not fail: name the check first
+        return f"{unexpected['checks']} did not fail ({where}): known-bad scenario passed{unexpected['rest']}"
+    return f"{where}: {verdict}"
+
+
+@dataclass(frozen=True)
+class CrashLine:
+    """What pytest reads as a failure's one-line message (``longrepr.reprcrash.message``)."""
+
+    message: str
+
+
+class FailureRepr:
+    """A scenario item's failure as pytest shows it: the whole block in the failures section
+    (and in junit and pytest-html), :func:`summary_line` in the short summary."""
+
+    def __init__(self, text: str, summary: str) -> None:
+        self.text = text
+        self.reprcrash = CrashLine(summary)
+
+    def toterminal(self, tw: Any) -> None:
+        for line in self.text.splitlines():
+            tw.line(line)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def known_bad_line(sources: Iterable[str]) -> str:
+    """One line for every known-bad item that failed exactly as its file expects (they are
+    expected: a line each would bury the lines that need reading)."""
+    sources = list(sources)
+    folders: dict[str, int] = {}
+    for source in sources:
+        folder = str(PurePosixPath(source.rpartition(":")[0] or source).parent)
+        folders[folder] = folders.get(folder, 0) + 1
+    where = ", ".join(f"{folder}: {n}" for folder, n in sorted(folders.items()))
+    return (f"XFAIL [{len(sources)}] known-bad scenario items failed exactly the checks their files name "
+            f"({where}); -vv lists each")

@@ -95,7 +95,12 @@ def _step_count(record: Mapping) -> int:
 
 
 def _not_evaluated(name: str, check: Mapping, record: Mapping) -> bool:
-    """Whether the check looked at nothing, so that its pass would be vacuous."""
+    """Whether the check looked at nothing, so that its pass would be vacuous.
+
+    The check says so itself (``evaluated``, since results written by this version); the
+    guesses below are for records written before it did."""
+    if isinstance(check.get("evaluated"), bool):
+        return not check["evaluated"]
     run = _dict(record.get("run"))
     details = _dict(check.get("details"))
     if name in ("equality", "stale_params") and _graph_never_ran(run):

@@ -1,15 +1,23 @@
 """``python -m harness.scenario [schema]``: print the JSON Schema of a scenario file.
-``python -m harness.scenario check [--mode=M[,M...]] FILE...``: validate files exactly as pytest
-collection does (schema, limits, preflight), list their items; exit 1 on errors.
+``python -m harness.scenario check [--mode=M[,M...]] [--items] PATH...``: validate scenario
+files exactly as pytest collection does (schema, limits, preflight); a PATH is a file, a
+directory (every .yaml/.yml file below it) or a glob (quoted: ``'scenarios/**/*.yaml'``).
+Prints every error of every file (``file:line: field: message``), then one summary line;
+``--items`` also lists each file's items. Exit 1 on errors, 2 on a usage error.
 """
 
 from __future__ import annotations
 
+import argparse
+import glob
 import json
 import sys
+from pathlib import Path
 
 from .errors import ScenarioError
 from .schema import export_json_schema
+
+SUFFIXES = (".yaml", ".yml")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,38 +31,71 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def check(args: list[str]) -> int:
+def expand_paths(paths: list[str]) -> tuple[list[Path], list[str]]:
+    """Scenario files named by ``paths`` (files, directories, globs), each once, in order; and
+    the arguments that named none."""
+    files: list[Path] = []
+    nothing: list[str] = []
+    for text in paths:
+        path = Path(text)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES and p.is_file())
+        elif path.exists() or not glob.has_magic(text):
+            found = [path]  # a missing file is reported by the loader, with its name
+        else:
+            found = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+        if not found:
+            nothing.append(text)
+        files.extend(p for p in found if p not in files)
+    return files, nothing
+
+
+def check(argv: list[str]) -> int:
     # The command line is the top of the stack: it may use the collection the plugin uses
     # (which needs the harness's preflight); the package itself stays free of it.
+    from harness.cli import add_check_options
+
+    parser = argparse.ArgumentParser(prog="python -m harness.scenario check",
+                                     description="Validate scenario files as pytest collects them.")
+    try:
+        args = add_check_options(parser).parse_args(argv)
+    except SystemExit as exit_:
+        return 2 if exit_.code else 0
+    return run_check(args.paths, mode=args.mode, items=args.items)
+
+
+def run_check(paths: list[str], *, mode: str | None = None, items: bool = False) -> int:
     from harness.collection import collect_points, parse_modes
 
-    option = None
-    paths = []
-    for arg in args:
-        if arg.startswith("--mode="):
-            option = arg.partition("=")[2]
-        else:
-            paths.append(arg)
     try:
-        modes = parse_modes(option)
+        modes = parse_modes(mode)
     except ValueError as error:
         print(f"--mode: {error}", file=sys.stderr)
         return 2
-    if not paths:
-        print(__doc__, file=sys.stderr)
-        return 2
-    status = 0
-    for path in paths:
+    files, nothing = expand_paths(paths)
+    for text in nothing:
+        print(f"{text}: no scenario file there (.yaml or .yml)", file=sys.stderr)
+    bad_files = errors = total = 0
+    for path in files:
         try:
-            items = collect_points(path, modes)
+            points = collect_points(path, modes)
         except ScenarioError as exc:
+            found = getattr(exc, "errors", [exc])
             print(exc, file=sys.stderr)
-            status = 1
+            bad_files += 1
+            errors += len(found)
             continue
-        for suffix, p in items:
-            name = f"{p.name}[{suffix}]" if suffix else p.name
-            print(f"{p.source}: {name} ({p.scenario.graph.mode})")
-    return status
+        total += len(points)
+        if items:
+            for suffix, p in points:
+                name = f"{p.name}[{suffix}]" if suffix else p.name
+                print(f"{p.source}: {name} ({p.scenario.graph.mode})")
+    valid = len(files) - bad_files
+    summary = f"checked {len(files)} file(s): {valid} valid with {total} item(s)"
+    if bad_files:
+        summary += f", {bad_files} with {errors} error(s)"
+    print(summary)
+    return 1 if bad_files or nothing else 0
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ __all__ = [
     "load_scenario_file",
     "load_scenario_text",
     "locate",
+    "locate_in_point",
     "modes_of",
     "parse_override",
     "render_id",
@@ -69,6 +70,8 @@ class ScenarioPoint:
     scenario: Scenario
     axes: dict[str, Any] = field(default_factory=dict)
     source: SourceLocation = field(default_factory=lambda: SourceLocation("<scenario>"))
+    #: axis -> the index of this point's value in the file's ``matrix`` (to find its line)
+    axis_index: dict[str, int] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -257,20 +260,62 @@ def _issues(exc: ValidationError) -> list[tuple[Loc, str, bool]]:
                 out.append((loc + tuple(rel), msg, False))
             continue
         kind = e["type"]
-        msg = e["msg"]
-        if msg.startswith("Value error, "):
-            msg = msg[len("Value error, ") :]
         if kind == "extra_forbidden":
             out.append((loc, f"unknown key {loc[-1]!r}", True))
             continue
         if kind == "missing":
             out.append((loc, f"missing required key {loc[-1]!r}", False))
             continue
-        val = e.get("input")
-        if kind != "value_error" and not isinstance(val, (dict, list)):
-            msg += f" (got {val!r})"
-        out.append((loc, msg, False))
+        out.append((loc, _plain_message(e, loc), False))
     return out
+
+
+def _got(value: Any) -> str:
+    """``, got 2``: the value the file gave, unless it is a whole mapping or list."""
+    return "" if isinstance(value, (dict, list)) else f", got {value!r}"
+
+
+def _plain_message(error: Mapping[str, Any], loc: Loc) -> str:
+    """A pydantic error in the scenario file's own words: what the value must be, and what it
+    was ("must be at most 16, got 100"), never the validator's vocabulary ("Input should be a
+    valid dictionary or instance of DPSettings")."""
+    kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
+    msg = str(error["msg"])
+    if kind == "value_error":  # the schema's own validators already speak the file's words
+        return msg[len("Value error, "):] if msg.startswith("Value error, ") else msg
+    bounds = {"less_than_equal": ("at most", "le"), "less_than": ("below", "lt"),
+              "greater_than_equal": ("at least", "ge"), "greater_than": ("above", "gt"),
+              "multiple_of": ("a multiple of", "multiple_of")}
+    if kind in bounds:
+        words, key = bounds[kind]
+        return f"must be {words} {ctx.get(key)}{_got(value)}"
+    if kind in ("too_long", "too_short"):
+        actual, limit = ctx.get("actual_length"), ctx.get("max_length", ctx.get("min_length"))
+        if kind == "too_short":
+            return f"is empty: give at least {limit}" if not actual else f"has {actual}, at least {limit} needed"
+        return f"has {actual} {'entry' if actual == 1 else 'entries'}, at most {limit} allowed"
+    if kind in ("string_too_long", "string_too_short"):
+        length = len(value) if isinstance(value, str) else "?"
+        if kind == "string_too_short" and not length:
+            return "must not be empty"
+        most = "at most" if kind == "string_too_long" else "at least"
+        return f"is {length} characters long, {most} {ctx.get('max_length', ctx.get('min_length'))} allowed"
+    if kind in ("literal_error", "enum"):
+        return f"must be one of {ctx.get('expected')}{_got(value)}"
+    kinds = {"int_type": "a whole number", "int_parsing": "a whole number", "int_from_float": "a whole number",
+             "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
+             "bool_type": "true or false", "bool_parsing": "true or false", "string_type": "text",
+             "list_type": "a list", "tuple_type": "a list", "set_type": "a list"}
+    if kind in kinds:
+        return f"must be {kinds[kind]}{_got(value)}"
+    if kind in ("dict_type", "model_type", "model_attributes_type", "mapping_type"):
+        holder = _type_at(loc)
+        if isinstance(holder, type) and issubclass(holder, BaseModel) and holder.model_fields:
+            fields = list(holder.model_fields)
+            example = f", such as {{{fields[0]}: {value}}}" if isinstance(value, (int, float, str)) else ""
+            return f"must be a mapping of its settings ({', '.join(fields)}){example}{_got(value)}"
+        return f"must be a mapping (key: value){_got(value)}"
+    return msg.replace("Input should be", "must be", 1) + _got(value)
 
 
 def _unwrap(tp: Any) -> Any:
@@ -466,6 +511,7 @@ def load_scenario_text(
     points: list[ScenarioPoint] = []
     point_index: list[int] = []
     raws: list[tuple[int, _Raw]] = []
+    partial: list[tuple[ScenarioPoint, frozenset[str]]] = []  # points valid once their bad values go
     for n, (axes, idx) in enumerate(zip(combos, indices)):
         if len(raws) > _MAX_RAW_ERRORS:
             break  # enough to fix first; the rest would only repeat them
@@ -474,13 +520,21 @@ def load_scenario_text(
             _set_copied(data, a, _strip_ids(v))
         for k, v in overrides.items():
             _set_copied(data, k, v)
+        source = SourceLocation(path, matrix_line if axes_names else root_line)
         try:
             scenario = Scenario.model_validate(data)
         except ValidationError as exc:
-            for loc, msg, at_key in _issues(exc):
+            issues = _issues(exc)
+            for loc, msg, at_key in issues:
                 raws.append(
                     (n, _point_error(tree, loc, msg, at_key, axes_names, idx, indices, overrides))
                 )
+            repaired = _repair(data, issues) if len(partial) < _MAX_REPAIRED and len(issues) <= _MAX_REPAIR_ISSUES else None
+            if repaired is not None:  # the rest of the point, for the checks the schema cannot make
+                scenario, removed = repaired
+                partial.append((ScenarioPoint(ids[n] if axes_names else "", scenario,
+                                              {a: _strip_ids(v) for a, v in axes.items()}, source,
+                                              dict(zip(axes_names, idx))), removed))
             continue
         point_index.append(n)
         points.append(
@@ -488,7 +542,8 @@ def load_scenario_text(
                 id="",
                 scenario=scenario,
                 axes={a: _strip_ids(v) for a, v in axes.items()},
-                source=SourceLocation(path, matrix_line if axes_names else root_line),
+                source=source,
+                axis_index=dict(zip(axes_names, idx)),
             )
         )
 
@@ -529,8 +584,84 @@ def load_scenario_text(
             errors = errors[:MAX_ERRORS] + [
                 ScenarioError(f"{left} more error(s) not shown: fix these first", path=path)
             ]
-        raise ScenarioFileError(errors)
+        failure = ScenarioFileError(errors)
+        # What the rest of the file gives, so that a caller can report the problems the schema
+        # cannot see in the same pass: the points that validated, and the points that did once
+        # the values named above were left out (each with the fields it lost).
+        failure.points = [(p, frozenset()) for p in points] + partial
+        raise failure
     return points
+
+
+_REPAIR_ROUNDS = 3
+#: Points repaired per file, and errors per point worth repairing: beyond them the file's
+#: errors are mostly one mistake repeated, and the bound keeps a 1 MB file's load linear.
+_MAX_REPAIRED = 64
+_MAX_REPAIR_ISSUES = 20
+
+
+def _repair(data: dict, issues: list[tuple[Loc, str, bool]]) -> tuple[Scenario, frozenset[str]] | None:
+    """The point validated without the values its errors name (so their defaults apply), and
+    the dotted fields left out; None when that does not make it valid in a few rounds (a
+    missing required key, a value whose removal leaves another error)."""
+    data = copy.deepcopy(data)
+    removed: set[str] = set()
+    for _ in range(_REPAIR_ROUNDS):
+        changed = False
+        for loc, msg, _ in issues:
+            if msg.startswith("missing required key"):
+                return None
+            changed |= _drop(data, loc)
+            removed.add(_fmt_loc(tuple(p for p in loc if not isinstance(p, int))))
+        if not changed:
+            return None
+        try:
+            return Scenario.model_validate(data), frozenset(removed)
+        except ValidationError as exc:
+            issues = _issues(exc)
+    return None
+
+
+def _drop(data: Any, loc: Loc) -> bool:
+    """Remove the value at ``loc`` (the deepest mapping key on the way that exists)."""
+    parents: list[tuple[dict, str]] = []
+    cur = data
+    for part in loc:
+        if isinstance(cur, dict) and part in cur:
+            parents.append((cur, part))
+            cur = cur[part]
+        elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
+            cur = cur[part]
+        else:
+            break
+    if not parents:
+        return False
+    holder, key = parents[-1]
+    del holder[key]
+    return True
+
+
+def locate_in_point(path: str | Path, point: ScenarioPoint, field: str) -> int | None:
+    """The line where ``field`` (dotted) is written for ``point``: in its matrix value when an
+    axis sets it, else in the file's body; None when the file does not write it (a default)."""
+    try:
+        root = compose_text(read_source(str(path)), str(path)).root
+    except ScenarioError:
+        return None
+    tree = _Located(root)
+    parts = tuple(int(p) if p.isdigit() else p for p in field.split(".") if p)
+    for axis, index in point.axis_index.items():
+        axis_parts = tuple(_split(axis))
+        if parts[: len(axis_parts)] != axis_parts:
+            continue
+        start, _, ok = tree.walk(("matrix", axis, index))
+        if ok != 3:
+            return None  # the value came from an override, not from the file
+        rest = parts[len(axis_parts):]
+        node, key_node, matched = tree.walk(rest, start=start)
+        return tree.line_of(node, key_node, prefer_key=False) if matched == len(rest) else None
+    node, key_node, matched = tree.walk(parts)
+    return tree.line_of(node, key_node, prefer_key=False) if matched == len(parts) else None
 
 
 MAX_ERRORS = 50

@@ -85,7 +85,9 @@ def test_skip_by_design_is_reported_as_skipped(project):
     _write(project, "scenarios/skip.yaml", TINY.format(mode=", mode: FULL", extra="expect: {skip: cascade attention excludes FULL}"))
     result = project.runpytest("-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*unsupported by design: cascade attention excludes FULL*"])
+    # the skip points at the scenario file and line, not at the harness line that skipped it
+    result.stdout.fnmatch_lines(["SKIPPED [[]1[]] scenarios/skip.yaml:2: unsupported by design: cascade attention excludes FULL"])
+    assert "pytest_plugin.py" not in result.stdout.str()
 
 
 def test_json_results_and_junit_properties_are_written_even_when_items_fail(project):
@@ -105,10 +107,11 @@ def test_json_results_and_junit_properties_are_written_even_when_items_fail(proj
 
 def test_html_report_embeds_the_item_explanation(project):
     _write(project, "scenarios/bad.yaml", TINY.format(mode=", mode: FULL", extra="fixes: {host_param_update: false}"))
-    result = project.runpytest("-p", "no:cacheprovider", "--html=report.html", "--self-contained-html")
+    result = project.runpytest("scenarios", "--mode=FULL", "-p", "no:cacheprovider", "--html=report.html",
+                               "--self-contained-html")
     result.assert_outcomes(failed=1)
     html = (project.path / "report.html").read_text()
-    assert "graph-harness: graph-mode scenarios" in html
+    assert "<title id=\"head-title\">graph-harness: scenarios (FULL)</title>" in html  # what ran
     assert "capture-time" in html and "stale_params" in html
     from harness.report.html import read_fragments
 
@@ -182,3 +185,26 @@ def test_unknown_stack_option_is_a_usage_error(project):
     result = project.runpytest("-p", "no:cacheprovider", "--stack=v9")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--stack*invalid choice*v9*v0.23.0*"])
+
+
+def test_a_scenario_file_named_on_the_command_line_is_collected_wherever_it_lives(project):
+    _write(project, "mine/ok.yaml", TINY.format(mode=", mode: FULL", extra=""))
+    _write(project, "mine/other.yaml", TINY.format(mode=", mode: FULL", extra=""))
+    _write(project, "scenarios/lib.yaml", TINY.format(mode=", mode: FULL", extra=""))
+    named = project.runpytest("mine/ok.yaml", "--collect-only", "-q", "-p", "no:cacheprovider")
+    named.stdout.fnmatch_lines(["mine/ok.yaml::tiny", "*1 test collected*"])
+    # a directory is walked with the scenario_files patterns: by default, folders named scenarios
+    walked = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")
+    walked.stdout.fnmatch_lines(["scenarios/lib.yaml::tiny", "*1 test collected*"])
+    assert "mine/" not in walked.stdout.str()
+
+
+def test_the_scenario_files_ini_option_sets_which_files_are_collected(project):
+    project.makeini("[pytest]\nscenario_files = mine/*.yaml special.yml\n")
+    _write(project, "mine/deep/ok.yaml", TINY.format(mode=", mode: FULL", extra=""))
+    _write(project, "elsewhere/special.yml", TINY.format(mode=", mode: FULL", extra=""))
+    _write(project, "scenarios/lib.yaml", TINY.format(mode=", mode: FULL", extra=""))
+    _write(project, "elsewhere/plain.yaml", "not: a scenario\n")
+    result = project.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines_random(["mine/deep/ok.yaml::tiny", "elsewhere/special.yml::tiny", "*2 tests collected*"])
+    assert "scenarios/lib.yaml" not in result.stdout.str() and "plain.yaml" not in result.stdout.str()

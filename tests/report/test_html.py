@@ -11,6 +11,8 @@ from harness.report import charts
 from harness.report.html import read_fragments, render_fragments, render_item, render_page, row_values
 from harness.report.view import check_states, first_failure
 from harness.report.results import item_record, summary_record
+from harness.report.terminal import states_line
+from harness.report.html_hooks import report_title
 from harness.scenario import load_scenario_text
 from harness.session import run_point
 
@@ -77,7 +79,7 @@ def test_a_summary_keeps_what_the_grid_the_charts_and_diff_read(good, good_full)
     assert [(s.name, s.state, s.summary) for s in check_states(good)] == \
         [(s.name, s.state, s.summary) for s in check_states(good_full)]
     assert "steps" not in good["run"] and "texts" not in good["run"] and "by_bucket" not in good["run"]["stream_usage"]
-    assert good["checks"]["equality"]["details"] == {"compared": 12}
+    assert good["checks"]["equality"]["details"] == {"compared": 12, "graph_compared": 6}
 
 
 def test_passing_item_with_all_evidence_shows_checks_texts_and_dispatch(good_full):
@@ -184,15 +186,58 @@ def test_crashed_and_skipped_records_render(good):
         assert '<div class="gh-item">' in render_item(partial)
 
 
-def test_not_evaluated_is_not_a_pass(good):
-    crashed = copy.deepcopy(good)
-    crashed["checks"]["equality"]["details"]["compared"] = 0
-    crashed["checks"]["fia_invariant"]["details"]["calls"] = 0
-    states = {s.name: s for s in check_states(crashed)}
+def test_records_written_before_checks_said_evaluated_still_read_not_evaluated(good):
+    legacy = copy.deepcopy(good)
+    for check in legacy["checks"].values():
+        check.pop("evaluated")
+    legacy["checks"]["equality"]["details"]["compared"] = 0
+    legacy["checks"]["fia_invariant"]["details"]["calls"] = 0
+    states = {s.name: s for s in check_states(legacy)}
     assert states["equality"].label == "not evaluated" and states["fia_invariant"].state == "not-evaluated"
-    html = render_item(crashed, draw_charts=False)
+    html = render_item(legacy, draw_charts=False)
     assert html.count(">not evaluated<") == 2 and html.count(">PASS<") == 2
-    assert first_failure(crashed) is None
+    assert first_failure(legacy) is None
+
+
+# The graph path never replays: its captures exhaust a 2-stream pool (the issue's
+# stream_budget_none), or it runs only PIECEWISE (no FULL replay whose host lists could go stale).
+@pytest.mark.parametrize("text, idle", [
+    (SMALL_POOL, {"equality", "stale_params"}),
+    (TINY.replace("mode: FULL", "mode: PIECEWISE"), {"stale_params"}),
+])
+def test_a_check_that_looked_at_nothing_says_not_evaluated_in_json_html_and_terminal(text, idle):
+    record = _record(text)
+    checks = record["checks"]
+    # the JSON: the check says it, with the state word the page's badge uses
+    assert {n for n, c in checks.items() if c["evaluated"] is False} == idle
+    assert {n for n, c in checks.items() if c["state"] == "not-evaluated"} == idle
+    for name in idle:
+        assert checks[name]["passed"] and checks[name]["summary"].startswith("not evaluated: ")
+        assert "comparisons equal" not in checks[name]["summary"] and "live on every replay" not in checks[name]["summary"]
+    # the HTML: a "not evaluated" badge beside a summary that says the same, never PASS
+    rows = {name: (label, summary) for name, label, summary in re.findall(
+        r"<tr><th>(\w+)</th><td><span [^>]*>([^<]+)</span></td><td>([^<]*)</td>", render_item(record, draw_charts=False))}
+    assert {n for n, (label, _) in rows.items() if label == "not evaluated"} == idle
+    assert all(summary.startswith("not evaluated: ") for n, (_, summary) in rows.items() if n in idle)
+    # the terminal: the failure block lists each check's state with the same words
+    states = states_line(record)
+    for name in idle:
+        assert f"{name} not evaluated" in states
+    if record["outcome"] == "passed":  # and the verdict does not claim all four passed
+        assert "all four checks passed" not in record["verdict"]
+        assert record["verdict"].endswith("not evaluated: " + ", ".join(sorted(idle)))
+
+
+def test_one_count_has_one_number_in_the_summary_the_heading_and_the_json():
+    many = STALE.replace("steps: 6", "steps: 12") + "model: {layers: 3}\n"
+    record = _record(many)
+    details = record["checks"]["stale_params"]["details"]
+    total = details["stale_total"]
+    assert total > len(details["stale"]) == 20  # the JSON keeps the first 20 and the count
+    assert f"{total} stale list(s) in all" in record["checks"]["stale_params"]["summary"]
+    html = _text(render_item(record, draw_charts=False))
+    assert f"Stale host parameters: {total} stale list(s)" in html
+    assert f"{total - 12} more stale lists not shown" in html  # 12 rows shown of the total
 
 
 def test_page_grid_charts_and_filters(good, stale):
@@ -204,6 +249,14 @@ def test_page_grid_charts_and_filters(good, stale):
     # FULL x base holds a pass, a known-bad and a failure: the failure colours it
     assert 'class="gh-cell gh-o-failed" data-mode="FULL" data-features="base"' in html
     assert 'data-mode="PIECEWISE" data-features="sp2"' in html and ">1/3<" in html
+    # the legend says what a cell shows, and each cell shows it: its items, failed/total when some failed
+    assert "a cell shows how many items it holds, as failed/total when some failed" in html
+    for title, text in re.findall(r'title="([^"]*)">([^<]*)</td>', html):
+        counts = {outcome: int(n) for n, outcome in re.findall(r"(\d+) (\w+)", title.split(": ", 1)[1])}
+        total, failed = sum(counts.values()), counts.get("failed", 0)
+        assert text == (f"{failed}/{total}" if failed else str(total)), (title, text)
+    # one row per feature combination, one column per mode: never wider than five modes
+    assert re.search(r"<thead><tr><th>features \\ mode</th><th>PIECEWISE</th><th>FULL</th></tr>", html), html[:3000]
     assert 'id="gh-waste"' in html and html.count("<svg") == 1
     assert 'id="gh-filter"' in html and "<option>stale_params</option>" in html
     assert "peak stream utilisation <b>0.2%</b>" in html
@@ -279,3 +332,10 @@ def test_preloading_the_charts_never_raises(monkeypatch):
 
     monkeypatch.setattr(charts, "_matplotlib", broken)
     charts.preload()  # the chart that needs it says so, not the preload
+
+
+def test_the_page_title_says_what_ran():
+    assert report_title(["tests", "scenarios"]) == "graph-harness: tests, scenarios"  # make test
+    assert report_title(["scenarios/"], ["FULL"]) == "graph-harness: scenarios/ (FULL)"  # make scenarios
+    assert report_title(["/repo/scenarios/x.yaml::x[FULL]"], cwd="/repo") == "graph-harness: scenarios/x.yaml::x[FULL]"
+    assert "graph-mode scenarios" not in report_title(["tests"])

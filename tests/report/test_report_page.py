@@ -36,6 +36,7 @@ FILES = {
     "bad.yaml": BASE.format(name="bad", mode=", mode: FULL")
     + "fixes: {host_param_update: false}\nexpect: {fail: [stale_params]}\n",
     "fail.yaml": BASE.format(name="fail", mode=", mode: FULL") + "fixes: {fia_padding: false}\n",
+    "skip.yaml": BASE.format(name="skip", mode=", mode: FULL") + "expect: {skip: not modelled here}\n",
 }
 
 
@@ -48,7 +49,7 @@ def run(tmp_path_factory) -> dict:
     (project / "conftest.py").write_text('pytest_plugins = ["harness.pytest_plugin"]\n')
     env = dict(os.environ, COLUMNS="240", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     # -n 2: fragments and records are rendered on the workers and must reach the controller.
-    done = subprocess.run([sys.executable, "-m", "pytest", "scenarios", "-p", "no:cacheprovider", "-rxf", "-n", "2",
+    done = subprocess.run([sys.executable, "-m", "pytest", "scenarios", "-p", "no:cacheprovider", "-rxfs", "-n", "2",
                            "--html=out/report.html", "--self-contained-html", "--results-json=out/r.json"],
                           cwd=project, env=env, capture_output=True, text=True, timeout=1800)
     page = (project / "out" / "report.html").read_text()
@@ -62,7 +63,7 @@ def run(tmp_path_factory) -> dict:
 
 def test_columns_fragments_and_css_once(run):
     page, tests = run["page"], run["tests"]
-    assert set(tests) == {"ok[FULL]", "ok[PIECEWISE]", "mtp", "bad", "fail"}
+    assert set(tests) == {"ok[FULL]", "ok[PIECEWISE]", "mtp", "bad", "fail", "skip"}
     header = page[page.index('id="results-table-head"'):]
     for title in ("Mode", "Features", "Failed check", "Step", "Bucket"):
         assert f">{title}</th>" in header
@@ -77,7 +78,7 @@ def test_columns_fragments_and_css_once(run):
         (mode_cell,) = [c for c in entry["resultsTableRow"] if 'class="col-mode"' in c]
         keys.append(re.search(r'data-gh="(\w+)"', mode_cell).group(1))
         assert fragments[keys[-1]].startswith('<div class="gh-item">') and entry["extras"] == []
-        assert (entry["log"] == "") == (entry["result"] == "Passed"), name
+        assert (entry["log"] == "") == (entry["result"] in ("Passed", "Skipped")), name
     assert sorted(keys) == sorted(fragments) and page.count('id="gh-fragments"') == 1
     assert page.count(".gh-item h4 {") == 1 and page.count('<section id="gh-summary">') == 1
 
@@ -91,14 +92,22 @@ def test_no_pytest_traceback_on_known_bad_items_and_a_useful_failure_line(run):
     assert "Traceback" not in bad and "_pytest" not in bad and len(bad) < 2000
     assert bad.startswith("scenarios/bad.yaml:2: stale_params failed at step 0, bucket 4: graph replayed")
     assert "fixes.host_param_update is false in this file (line 8)" in bad
+    assert "checks: fia_invariant PASS, stale_params FAIL, stream_budget PASS, equality explained by stale_params" in bad
     assert "verdict: known-bad scenario failed exactly as expected (stale_params)" in bad
     assert fail.startswith("scenarios/fail.yaml:2: fia_invariant failed at step 0, bucket 4: FIA rejected")
     assert "fixes.fia_padding is false in this file (line 8)" in fail
-    assert "reports: HTML out/report.html, JSON out/r.json" in fail
-    # the terminal: the short summary leads with file, line and check; the reports are named
+    assert "reports:" not in fail  # named once, at the end of the run
+    # the terminal: the short summary gives the check, then line, step and bucket; a failure
+    # block has no xdist worker line; known-bad items are one line; a skip points at its file
     out = run["stdout"]
-    assert re.search(r"FAILED scenarios/fail.yaml::fail - scenarios/fail.yaml:2: fia_invariant failed", out), out[-2000:]
-    assert "graph-harness reports: HTML out/report.html, JSON out/r.json" in out
+    assert re.search(r"FAILED scenarios/fail.yaml::fail - fia_invariant failed \(line 2, step 0, bucket 4\): "
+                     r"FIA rejected", out), out[-2000:]
+    failures = out[out.index("= FAILURES ="):out.index("short test summary info")]
+    assert failures.count("scenarios/fail.yaml:2: fia_invariant failed") == 1 and "-- Python" not in failures
+    assert "XFAIL [1] known-bad scenario items failed exactly the checks their files name (scenarios: 1)" in out
+    assert "XFAIL scenarios/bad.yaml" not in out
+    assert "SKIPPED [1] scenarios/skip.yaml:2: unsupported by design: not modelled here" in out
+    assert out.count("graph-harness reports: HTML out/report.html, JSON out/r.json") == 1
 
 
 @pytest.mark.skipif(find_chromium() is None, reason="no chromium installed (Debian: apt-get install chromium)")
@@ -116,15 +125,21 @@ def test_report_in_headless_chromium(run, tmp_path):
         assert browser.errors == []
         # pytest-html's row template lost its <video> (no test attached media), rows are whole
         assert browser.evaluate("document.querySelectorAll('video').length") == 0
-        assert browser.evaluate("document.querySelectorAll('#results-table .media').length") == 5
-        assert browser.evaluate(f"document.querySelectorAll('{rows}').length") == 5
+        assert browser.evaluate("document.querySelectorAll('#results-table .media').length") == 6
+        assert browser.evaluate(f"document.querySelectorAll('{rows}').length") == 6
         # the grid (FULL x base holds a failure, so it is red) and the run's chart
         assert browser.evaluate("document.querySelector('#gh-grid td[data-mode=FULL][data-features=base]')"
                                 ".classList.contains('gh-o-failed')")
         assert browser.evaluate("document.querySelectorAll('#gh-waste svg').length") == 1
-        # open rows got their fragment, with the per-step chart; collapsed (passed) ones did not
-        assert browser.evaluate("document.querySelectorAll('.gh-item').length") == 2
-        assert browser.evaluate("document.querySelectorAll('.gh-item svg').length") >= 2
+        # only the failed row starts open (passed, skipped and known-bad rows are collapsed); it
+        # got its fragment, with the per-step chart
+        open_rows = "[...document.querySelectorAll('#results-table .extras-row:not(.hidden)')]"
+        assert browser.evaluate(f"{open_rows}.length") == 1
+        assert browser.evaluate("document.querySelectorAll('.gh-item').length") == 1
+        assert browser.evaluate("document.querySelectorAll('.gh-item svg').length") >= 1
+        # pytest-html's run count gives the rows (it leaves skipped tests out of its "N tests")
+        assert re.match(r"6 tests took .* \(5 ran, 1 skipped\)\.$", browser.evaluate(
+            "document.querySelector('.run-count').textContent.trim()"))
         # filters: by the URL hash, by a grid cell, by the form; they survive pytest-html redraws
         browser.evaluate(f"location.hash = 'mode=PIECEWISE'; {tick}")
         assert browser.evaluate(shown) == 1

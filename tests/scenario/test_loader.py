@@ -249,7 +249,7 @@ def test_wrong_type_points_at_the_value(tmp_path):
               output_len: "3"
         """))
     assert (e.line, e.field) == (4, "workload.requests[0].output_len")
-    assert "valid integer" in e.message and "'3'" in e.message
+    assert e.message == "must be a whole number, got '3'"  # the file's words, not pydantic's
 
 
 def test_heads_not_divisible(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -56,7 +57,7 @@ def test_no_change_is_an_empty_diff_with_status_zero():
     diff = diff_results(BASE, BASE)
     assert not (diff.new_failures or diff.fixed or diff.changed_checks or diff.added or diff.removed or diff.metrics)
     assert diff.exit_status == 0
-    assert "0 new failure(s)" in render_text(diff)
+    assert render_text(diff).splitlines()[1] == "no changes"
 
 
 def test_a_new_item_that_fails_is_a_new_failure():
@@ -133,4 +134,35 @@ def test_cli_writes_each_format(tmp_path, capsys):
     data = json.loads((tmp_path / "out/d.json").read_text())
     assert data["exit_status"] == 1 and data["new_failures"][0]["key"] == "b.yaml::b[FULL]"
     assert main(["diff", str(tmp_path / "b.json"), str(tmp_path / "b.json"), "--format=markdown"]) == 0
-    assert "no new failures" in capsys.readouterr().out
+    assert "no changes" in capsys.readouterr().out
+
+
+def test_timing_noise_of_two_runs_of_one_commit_is_no_change():
+    # The extremes of two real runs of one commit (make scenarios, the second beside two CPU
+    # burners): a small item's capture 31x slower, a 2 s item 7x faster, a 40-layer one 17 s slower.
+    times = {"small": (0.0214, 0.6737), "mid": (1.971, 0.2767), "big": (4.0967, 21.6065)}
+    base = _results(*(_item(f"{k}.yaml::{k}[FULL]", capture_seconds=a) for k, (a, _) in times.items()))
+    again = _results(*(_item(f"{k}.yaml::{k}[FULL]", capture_seconds=b) for k, (_, b) in times.items()))
+    diff = diff_results(base, again)
+    assert diff.unchanged and diff.metrics == [] and diff.noise == 3 and diff.exit_status == 0
+    text = render_text(diff)
+    assert text.splitlines()[1] == "no changes" and "3 capture-time move(s) within timing noise" in text
+    assert "no changes" in render_markdown(diff)
+    # a gross change is still news: tenfold and seconds
+    slower = _results(_item("small.yaml::small[FULL]", capture_seconds=0.3), _item("big.yaml::big[FULL]", capture_seconds=60.0))
+    assert [m.key for m in diff_results(base, slower).metrics] == ["big.yaml::big[FULL]"]
+    # and every move is listed on request
+    listed = diff_results(base, again, thresholds={"capture_seconds": (0.0, 0.0)})
+    assert len(listed.metrics) == 3 and listed.noise == 0
+
+
+def test_two_real_runs_of_one_commit_on_a_loaded_machine_say_no_changes(capsys):
+    # make scenarios twice at one commit, the second beside two CPU burners (load average 24),
+    # each reduced to what diff reads: capture times moved up to 31x and by up to 17.5 s.
+    data = Path(__file__).with_name("data")
+    a, b = str(data / "same_commit_a.json"), str(data / "same_commit_b.json")
+    assert load_results(a)["run"]["commit"] == load_results(b)["run"]["commit"]
+    assert main(["diff", a, b]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "no changes"
+    assert main(["diff", a, b, "--threshold", "capture_seconds=0:0"]) == 0
+    assert "METRICS MOVED (82)" in capsys.readouterr().out

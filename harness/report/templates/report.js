@@ -17,6 +17,49 @@
     rowTemplate.content.querySelectorAll('video').forEach((video) => video.remove())
   }
 
+  // Only failed rows start open (harness.report.html.COLLAPSED): pytest-html reads which
+  // outcomes start collapsed from its data (render_collapsed) when its own script runs, at
+  // the end of the page. The data element is parsed after this script and before that one,
+  // and the parser runs the microtasks (this observer) before it runs a script.
+  const collapsed = script ? script.dataset.ghCollapsed : ''
+  if (collapsed) {
+    const setCollapsed = (container) => {
+      const blob = container.dataset.jsonblob || ''
+      const wanted = JSON.stringify(collapsed.split(','))
+      container.dataset.jsonblob = blob.replace(/"renderCollapsed":\s*\[[^\]]*\]/, '"renderCollapsed": ' + wanted)
+    }
+    const early = document.getElementById('data-container')
+    if (early) setCollapsed(early)
+    else {
+      const watch = new MutationObserver(() => {
+        const container = document.getElementById('data-container')
+        if (container) {
+          watch.disconnect()
+          setCollapsed(container)
+        }
+      })
+      watch.observe(document.documentElement, { childList: true, subtree: true })
+    }
+  }
+
+  // pytest-html's "N tests took" leaves skipped tests out, so it disagreed with the rows and
+  // the outcome counts beside it (82 against 87): say how many rows, and how many ran.
+  const countRuns = () => {
+    const line = document.querySelector('.run-count')
+    const match = line && line.textContent.trim().match(/^(\d+) tests? took (.*?)\.?$/)
+    if (!match) return
+    let rows = 0
+    let skipped = 0
+    document.querySelectorAll('.filters input[data-test-result]').forEach((box) => {
+      const n = parseInt((box.nextElementSibling || {}).textContent, 10) || 0
+      rows += n
+      if (box.dataset.testResult === 'skipped') skipped += n
+    })
+    if (rows && rows !== Number(match[1])) {
+      line.textContent = `${rows} tests took ${match[2]} (${rows - skipped} ran, ${skipped} skipped).`
+    }
+  }
+
   const readHash = () => {
     const params = new URLSearchParams(window.location.hash.slice(1))
     const state = {}
@@ -154,6 +197,7 @@
     // pytest-html swaps in a new #results-table on every redraw: re-filter and re-fill then.
     new MutationObserver(apply).observe(document.body, { childList: true })
     loadFragments()
+    countRuns()
     apply()
   }
 
