@@ -135,8 +135,17 @@ def matrix_records(templates: dict[str, dict], matrix_file: Path, failing: dict[
     rows, grid and outcome mix. A point unsupported by design is skipped with its reason, the
     others pass, except ``failing`` (outcome -> every n-th runnable point), so that a page
     also holds failed and known-bad rows."""
+    from harness.resolve import ItemProblem, PointSkipped, resolve_item
     from harness.scenario import load_scenario_file
-    from harness.session import unsupported_reason
+
+    def unsupported_reason(scenario) -> str | None:
+        try:
+            resolve_item(scenario)
+        except PointSkipped as skipped:
+            return str(skipped)
+        except ItemProblem:
+            return None
+        return None
 
     relative = matrix_file.resolve().relative_to(ROOT).as_posix() if matrix_file.resolve().is_relative_to(ROOT) \
         else matrix_file.name

@@ -418,8 +418,10 @@ class GraphRunner:
         them between a replay and this synchronized read); else None (the text is the evidence)."""
         names = ("actual_seq_lengths", "actual_seq_lengths_kv")
         if self.engine.capabilities.reports_executed_arguments:
-            op = DEVICE_METADATA_OP_NAME if self.device_buffers else FIA_OP_NAME
-            ran = self.engine.executed_host_arguments(graph, op, names)
+            if not self.device_buffers:  # the host lists each FIA ran with, whole
+                return self.engine.executed_host_arguments(graph, FIA_OP_NAME, names)
+            # the buffers' request slots past the padded count are unused (zero-length queries)
+            ran = self.engine.executed_host_arguments(graph, DEVICE_METADATA_OP_NAME, names)
             return [{name: list(entry[name])[:num_reqs] for name in names} for entry in ran]
         if self.device_buffers:
             starts = self.query_start_loc[: num_reqs + 1].tolist()

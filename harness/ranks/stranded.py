@@ -11,7 +11,9 @@ it can see that nobody can move any more: at least one rank has finished, and ev
 not
 
 * is idle: its process used at most :data:`IDLE_CPU_S` of CPU over the last
-  :data:`IDLE_WINDOW_S`. A rank that computes, however slowly, uses CPU and may yet reach the
+  :data:`IDLE_WINDOW_S`, counted from the latest finish the watch has seen (a rank that waited for
+  a peer which has just returned from their common collective gets the whole window to notice it
+  on a loaded machine). A rank that computes, however slowly, uses CPU and may yet reach the
   collective a live peer waits in, so while one does, nobody is failed; and
 * waits in the runtime: the innermost frame of its job's Python stack (dumped on ``SIGUSR1``) is
   torch's or an engine's (a collective, a wait, a synchronize), not its own code (a sleep).
@@ -65,6 +67,7 @@ class StrandWatch:
     workdir: str
     _idle_since: dict[int, tuple[float, float]] = field(default_factory=dict)  # rank -> (since, CPU then)
     _looked: set[int] = field(default_factory=set)  # looked at in their current idle stretch
+    _finish_seen: dict[int, float] = field(default_factory=dict)  # rank -> when this watch saw it finished
 
     def check(self, pending: set[int], now: float) -> list[RankFailure]:
         """The ``"hang"`` failures of the ranks of ``pending`` (not yet done) that wait for a
@@ -73,6 +76,9 @@ class StrandWatch:
         waiting = sorted(r for r in pending if r not in finished)
         if not finished or not waiting:
             return []
+        for r in finished:
+            self._finish_seen.setdefault(r, now)
+        latest_finish = max(self._finish_seen[r] for r in finished)
         everyone_idle = True
         for r in waiting:
             cpu = cpu_seconds(self.procs[r].pid)
@@ -83,7 +89,7 @@ class StrandWatch:
                 self._idle_since[r] = (now, cpu)
                 self._looked.discard(r)
                 everyone_idle = False
-            elif now - since[0] < IDLE_WINDOW_S:
+            elif now - max(since[0], latest_finish) < IDLE_WINDOW_S:
                 everyone_idle = False
         if not everyone_idle or self._looked.issuperset(waiting):
             return []
