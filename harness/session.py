@@ -26,7 +26,7 @@ from harness import features as registry
 from harness.features import Feature, active_features
 from harness.features.layout import axis_sizes, describe, rank_context, runs_reference
 from harness.graph.capture_sizes import EngineRefusal, SizeResolution, resolve_sizes
-from harness.graph.modes import CUDAGraphMode, parse_mode
+from harness.graph.modes import CUDAGraphMode, ModeResolution, parse_mode, resolve_mode
 from harness.graph.pipeline import GraphConfig, PipelineSpec, Workload, run_pipeline
 from harness.graph.plan import dummy_request_lens
 from harness.graph.record import ErrorCategory, PathError, RunRecord
@@ -91,12 +91,18 @@ def backend_problem(backend: str) -> str | None:
 
 
 def unsupported_reason(scenario: Scenario) -> str | None:
-    """Why a point cannot run here (the item is then skipped with this reason)."""
+    """Why a point cannot run here (the item is then skipped with this reason): a feature's, or a
+    start-up the real engine does not survive (the v0.18.0 stream budget leaving one size)."""
     data = scenario.model_dump(mode="json")
-    for feature in scenario_features(scenario):
+    features = scenario_features(scenario)
+    for feature in features:
         reason = feature.unsupported(data)
         if reason:
             return f"{feature.name}: {reason}"
+    try:
+        capture_sizes(scenario, features)
+    except EngineRefusal as refusal:
+        return f"the real engine refuses to start (stack {stack_of(scenario).name}): {refusal}"
     return None
 
 
@@ -119,16 +125,26 @@ def stack_of(scenario: Scenario) -> StackProfile:
     return profile(scenario.stack)
 
 
+def mode_resolution(scenario: Scenario) -> ModeResolution:
+    """The graph mode the scenario's stack runs for its ``graph.mode`` (graph.modes.resolve_mode):
+    the compilation mode's rule and, on older vLLM Ascend, FULL_AND_PIECEWISE -> PIECEWISE."""
+    g, stack = scenario.graph, stack_of(scenario)
+    return resolve_mode(parse_mode(g.mode), compilation_mode=g.compilation_mode, platform=g.platform,
+                        full_and_piecewise=stack.full_and_piecewise,
+                        npu_unsupported_compilation=stack.npu_unsupported_compilation)
+
+
 def size_resolution(scenario: Scenario, features: list[Feature]) -> SizeResolution:
     """The capture sizes of a run, composed once from the base rule and every active feature's
     constraints under the scenario's stack (graph.capture_sizes), with the engine's warnings."""
     g, stack = scenario.graph, stack_of(scenario)
-    return resolve_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform,
+    mode = mode_resolution(scenario).mode
+    return resolve_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform, graphs=mode is not CUDAGraphMode.NONE,
                          num_speculative_tokens=registry.uniform_decode_query_len(features) - 1,
                          capture_sizes=g.capture_sizes, max_capture_size=g.max_capture_size,
                          max_num_batched_tokens=scenario.workload.max_num_batched_tokens,
                          constraints=registry.size_constraints(features),
-                         decode_full=parse_mode(g.mode).decode_mode() is CUDAGraphMode.FULL,
+                         decode_full=mode.decode_mode() is CUDAGraphMode.FULL,
                          spec_sp_multiple=stack.spec_sp_multiple,
                          capture_max_num_batched_tokens=stack.capture_max_num_batched_tokens,
                          capture_max_num_seqs=stack.capture_max_num_seqs)
@@ -155,10 +171,12 @@ def build_spec(scenario: Scenario, ctx: RankContext = SINGLE_RANK) -> tuple[Pipe
     sizes, budget = capture_sizes(scenario, features)
     fixes = Fixes(host_param_update=scenario.fixes.host_param_update, static_inputs=scenario.fixes.static_inputs)
     stack = stack_of(scenario)
-    graph = GraphConfig(parse_mode(g.mode), tuple(sizes), g.max_num_seqs, q, g.warmup_runs,
+    graph = GraphConfig(mode_resolution(scenario).mode, tuple(sizes), g.max_num_seqs, q, g.warmup_runs,
                         scenario.fixes.fia_padding, fixes, mixed_full_key_num_reqs=stack.mixed_full_key_num_reqs,
                         pad_requests_without_full=stack.pad_requests_without_full,
-                        debug_input_addresses=g.debug_input_addresses)
+                        debug_input_addresses=g.debug_input_addresses, dp_padding=stack.dp_padding,
+                        spec_decode_needs_computed=stack.spec_decode_needs_computed,
+                        capture_error_guidance=stack.capture_error_guidance)
     if w.requests is not None:
         plans: list[RequestPlan] = []
         for request in w.requests:
@@ -182,8 +200,9 @@ def _legacy_inputs(scenario: Scenario, features: list[Feature]) -> dict[str, Any
     """What the legacy budget formula of vLLM Ascend reads from a deployment (features add theirs)."""
     if budget_policy(scenario) != "legacy":
         return {}
-    return dict(num_layers=scenario.model.layers, mode=parse_mode(scenario.graph.mode),
-                hccl_mode=scenario.engine.hccl_mode, **registry.budget_inputs(features))
+    return dict(num_layers=scenario.model.layers, mode=mode_resolution(scenario).mode,
+                hccl_mode=scenario.engine.hccl_mode, release=stack_of(scenario).legacy_budget,
+                **registry.budget_inputs(features))
 
 
 def decide(expect, checks: dict[str, CheckResult]) -> tuple[str, str]:
@@ -304,7 +323,7 @@ def preflight(scenario: Scenario) -> tuple[str, str] | None:
     except ValueError as error:
         field = "graph.max_capture_size" if "max_cudagraph_capture_size" in str(error) else "graph.capture_sizes"
         return field, str(error)
-    if parse_mode(scenario.graph.mode).mixed_mode() is not CUDAGraphMode.NONE:
+    if mode_resolution(scenario).mode.mixed_mode() is not CUDAGraphMode.NONE:
         seqs, max_len = scenario.graph.max_num_seqs, config.max_model_len
         for size in sizes:
             if (longest := max(dummy_request_lens(size, seqs))) > max_len:
@@ -330,6 +349,7 @@ def run_rank(scenario: Scenario, backend: str, ctx: RankContext = SINGLE_RANK,
     record = RunRecord(scenario.graph.mode, backend, sizes, budget=budget)
     stack = stack_of(scenario)
     record.notes.append(f"stack {stack.name}: {stack.summary}")
+    record.notes.extend(mode_resolution(scenario).notes)
     features = scenario_features(scenario)
     record.notes.extend(size_resolution(scenario, features).notes)
     reference = runs_reference(features, ctx)
@@ -374,9 +394,11 @@ def cyclic_gc_paused() -> Iterator[None]:
 
 
 def dispatch_rows(scenario: Scenario) -> list[dict[str, Any]]:
-    """The scenario's dispatch table as plain rows for :func:`check_dispatch_table`."""
+    """The scenario's dispatch table as plain rows for :func:`check_dispatch_table` (the rows of
+    another stack left out: ``for_stack``)."""
+    stack = stack_of(scenario).name
     return [{**row.pinned(), "step": row.step, "rank": row.rank, "for_mode": row.for_mode, "index": i}
-            for i, row in enumerate(scenario.expect.dispatch or ())]
+            for i, row in enumerate(scenario.expect.dispatch or ()) if row.for_stack in (None, stack)]
 
 
 def install_native_ops(engine: Any) -> None:

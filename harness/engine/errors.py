@@ -38,6 +38,17 @@ class StreamBudgetError(EngineError):
         )
 
 
+class GuidedCaptureError(StreamBudgetError):
+    """A stream-budget capture failure as vLLM Ascend's graph wrapper re-raises it: its advice, then
+    ``Original error:`` and the runtime's text (``harness.graph.capture_errors``). Still a
+    :class:`StreamBudgetError`, so the ``stream_budget`` check claims it."""
+
+    def __init__(self, message: str, original: StreamBudgetError) -> None:
+        self.needed, self.in_use, self.pool_size, self.graph = (original.needed, original.in_use,
+                                                                 original.pool_size, original.graph)
+        RuntimeError.__init__(self, message)
+
+
 class GraphHangError(EngineError):
     """Queued device work can never finish: a replay waits on an event nobody records.
 

@@ -65,6 +65,7 @@ class RunnerConfig:
     fixes: Fixes = Fixes()
     mode: CUDAGraphMode = CUDAGraphMode.FULL  # the configured mode: which wrappers exist
     debug_input_addresses: bool = False  # the wrappers' replay-time address check (VLLM_LOGGING_LEVEL=DEBUG)
+    capture_error_guidance: str | None = None  # the stack's advice before a stream-resource capture error
 
 
 def attention_heads(model: DecoderLM) -> AttentionHeads:
@@ -184,7 +185,8 @@ class GraphRunner:
         self.monitor = CaptureMonitor(enabled=False)  # capturing is legal only inside capture()
         mode = config.mode
         pool = engine.graph_pool_handle() if mode is not CUDAGraphMode.NONE else None
-        wrap = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses)
+        wrap = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses,
+                    capture_error_guidance=config.capture_error_guidance)
         self.piece_wrappers: list[GraphWrapper] = []
         pieces: list[Any] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
         if mode.has_piecewise_cudagraphs():

@@ -184,7 +184,9 @@ def test_an_outside_feature_declares_everything_and_needs_no_harness_change(expe
     assert scenario.fixes.model_dump()["ep_padding"] is False  # its own fix switch
     features = session.scenario_features(scenario)
     assert [f.name for f in features] == ["ep"] and session.world_size(scenario) == 2
-    sizes, _ = session.capture_sizes(scenario, features)
+    assert session.capture_sizes(scenario, features)[0] == []  # mode NONE: no sizes (vLLM: [], max 0)
+    piecewise = scenario.model_copy(update={"graph": scenario.graph.model_copy(update={"mode": "PIECEWISE"})})
+    sizes, _ = session.capture_sizes(piecewise, features)
     assert sizes == [2, 4]  # its capture-size constraint
     with pytest.raises(Exception, match="size"):  # its settings are typed: a string is refused
         Scenario.model_validate({"workload": {"requests": [{"prompt_len": 2, "output_len": 2}]},
