@@ -37,16 +37,13 @@ class StreamBudgetError(EngineError):
             f"(capture of {graph} needs {needed} stream(s); {in_use} of {pool_size} in use)"
         )
 
-
-class GuidedCaptureError(StreamBudgetError):
-    """A stream-budget capture failure as vLLM Ascend's graph wrapper re-raises it: its advice, then
-    ``Original error:`` and the runtime's text (``harness.graph.capture_errors``). Still a
-    :class:`StreamBudgetError`, so the ``stream_budget`` check claims it."""
-
-    def __init__(self, message: str, original: StreamBudgetError) -> None:
-        self.needed, self.in_use, self.pool_size, self.graph = (original.needed, original.in_use,
-                                                                 original.pool_size, original.graph)
-        RuntimeError.__init__(self, message)
+    def reworded(self, message: str) -> StreamBudgetError:
+        """The same failure under another text: what a wrapper re-raises it as (vLLM Ascend's
+        ``ACLGraphWrapper``: its advice, then ``Original error:`` and this text; see
+        ``harness.graph.capture_errors``). Same class, same counts, so the check claims it."""
+        error = StreamBudgetError(self.needed, self.in_use, self.pool_size, self.graph)
+        error.args = (message,)
+        return error
 
 
 class GraphHangError(EngineError):

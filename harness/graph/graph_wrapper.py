@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 
 from torch import Tensor
 
-from harness.engine.errors import GuidedCaptureError, StreamBudgetError
+from harness.engine.errors import StreamBudgetError
 from harness.graph.capture_errors import capture_error_text
 from harness.graph.dispatcher import BatchDescriptor
 from harness.graph.modes import CUDAGraphMode
@@ -229,7 +229,7 @@ class GraphWrapper:
             text = capture_error_text(original, self.capture_error_guidance)  # type: ignore[arg-type]
             if text is None:
                 raise
-            raise GuidedCaptureError(text, error) from error
+            raise error.reworded(text) from error
         finally:
             context.capturing = False
         # Upstream keeps only weak references to the output (memory); the emulator's graph holds

@@ -1,4 +1,4 @@
-"""The step planner: one step in, one frozen :class:`StepPlan` out, dispatched exactly once.
+"""The step planner: one step in, one frozen :class:`StepPlan` out, its dispatch decided once.
 
 Modelled on vLLM's split between ``CudagraphDispatcher`` (decides) and ``CUDAGraphWrapper``
 (trusts the decision): the planner owns the dispatcher and everything that decides a step's
