@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, Literal
 
 __all__ = ["COMPILATION_MODES", "CUDAGraphMode", "ModeResolution", "parse_mode", "resolve_mode"]
 
@@ -105,6 +105,7 @@ class ModeResolution:
 def resolve_mode(requested: CUDAGraphMode, *, compilation_mode: CompilationModeName = "VLLM_COMPILE",
                  platform: Literal["npu", "gpu"] = "npu", full_and_piecewise: bool = True,
                  npu_unsupported_compilation: Literal["graphs_off_v0.18", "graphs_off", "compile_off"] = "graphs_off",
+                 attention_backend: Callable[[CUDAGraphMode], tuple[CUDAGraphMode, tuple[str, ...]]] | None = None,
                  ) -> ModeResolution:
     """The mode the engine runs for ``requested``, in the order upstream applies its rules.
 
@@ -117,6 +118,12 @@ def resolve_mode(requested: CUDAGraphMode, *, compilation_mode: CompilationModeN
        keeps the FULL modes.
     3. ``full_and_piecewise=False`` (vLLM Ascend before PR #9572): FULL_AND_PIECEWISE becomes
        PIECEWISE, with no log line (the platform's "TODO: Full graph is fully supported later").
+    4. ``attention_backend``: the hook for the model runner's last word, vLLM's
+       ``resolve_cudagraph_mode_and_sizes`` with the attention backend's ``AttentionCGSupport``
+       (issue 27 point 1, the capability step): given the mode after 1-3, it returns the mode the
+       backend supports and the log lines of the change. It runs last, as upstream (the model
+       runner resolves after the platform), so the capture sizes, the budget and the dispatcher
+       of a run all follow its answer (``session.mode_resolution``).
     """
     mode, notes = requested, []
     number = COMPILATION_MODES[compilation_mode]
@@ -141,4 +148,7 @@ def resolve_mode(requested: CUDAGraphMode, *, compilation_mode: CompilationModeN
                      "fully supported later'; removed by PR #9572): no FULL decode graph is captured and uniform "
                      "decode batches replay PIECEWISE graphs")
         mode = CUDAGraphMode.PIECEWISE
+    if attention_backend is not None:
+        mode, lines = attention_backend(mode)
+        notes.extend(lines)
     return ModeResolution(requested, mode, tuple(notes))

@@ -58,6 +58,21 @@ class TestModeResolution:
                             npu_unsupported_compilation="compile_off").mode is M.NONE
 
 
+    def test_the_attention_backend_hook_has_the_last_word(self):
+        # the capability step's place (issue 27 point 1): after the platform's rules, as vLLM's
+        # resolve_cudagraph_mode_and_sizes runs in the model runner after check_and_update_config
+        seen = []
+
+        def uniform_batch_only(mode):
+            seen.append(mode)
+            return (M.FULL_AND_PIECEWISE if mode is M.FULL else mode), ("backend: FULL -> FULL_AND_PIECEWISE",)
+
+        resolved = resolve_mode(M.FULL, attention_backend=uniform_batch_only)
+        assert resolved.mode is M.FULL_AND_PIECEWISE and resolved.notes == ("backend: FULL -> FULL_AND_PIECEWISE",)
+        resolve_mode(M.FULL_AND_PIECEWISE, full_and_piecewise=False, attention_backend=uniform_batch_only)
+        assert seen == [M.FULL, M.PIECEWISE]
+
+
 class TestUpstreamDispatcherTest:
     """vLLM ``tests/v1/cudagraph/test_cudagraph_dispatch.py::test_dispatcher`` restated: capture
     sizes [1, 8], max_num_seqs 8, q = 1, no LoRA; its five numbered cases per mode."""
