@@ -14,7 +14,7 @@ the engine's words); one that only this backend cannot run raises
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from harness import features as registry
@@ -23,7 +23,7 @@ from harness.features import Feature, active_features
 from harness.features.layout import axis_sizes
 from harness.graph.capability import ATTENTION_BACKENDS, AttentionPathUnavailable, Resolution, resolve
 from harness.graph.capture_sizes import EngineRefusal, SizeResolution, resolve_sizes
-from harness.graph.modes import CUDAGraphMode, parse_mode
+from harness.graph.modes import CUDAGraphMode, parse_mode, resolve_mode
 from harness.graph.plan import dummy_request_lens
 from harness.graph.stream_budget import BudgetDecision, stream_budget
 from harness.model.config import ModelConfig
@@ -32,7 +32,8 @@ from harness.scenario import Scenario
 from harness.scenario.bounds import MAX_WORLD_SIZE
 from harness.stacks import StackProfile, profile
 
-__all__ = ["ItemProblem", "PointSkipped", "ResolvedItem", "model_config", "resolve_item", "scenario_features"]
+__all__ = ["ItemProblem", "PointSkipped", "ResolvedItem", "legacy_budget_inputs", "model_config", "resolve_item",
+           "scenario_features"]
 
 
 class PointSkipped(Exception):
@@ -130,15 +131,23 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
     stack_profile = profile(scenario.stack)
     q = registry.uniform_decode_query_len(list(features))
     g = scenario.graph
+    # the platform's start-up rules first (compilation mode, FULL_AND_PIECEWISE on older releases),
+    # then the attention backend's support: vLLM's model runner resolves after the platform
+    startup = resolve_mode(parse_mode(g.mode), compilation_mode=g.compilation_mode, platform=g.platform,
+                           full_and_piecewise=stack_profile.full_and_piecewise,
+                           npu_unsupported_compilation=stack_profile.npu_unsupported_compilation)
     try:
-        graph = resolve(parse_mode(g.mode), ATTENTION_BACKENDS[g.attention_backend], uniform_decode_query_len=q,
-                        task_updates=capabilities.task_updates, metadata=g.attention_metadata)
+        graph = resolve(startup.mode, ATTENTION_BACKENDS[g.attention_backend], uniform_decode_query_len=q,
+                        task_updates=capabilities.task_updates, metadata=g.attention_metadata,
+                        splitting_ops_contain_attention=g.compilation_mode == "VLLM_COMPILE")
     except EngineRefusal as refusal:
-        raise PointSkipped(skip or _refused(refusal)) from None
+        raise PointSkipped(skip or _refused(refusal, stack_profile)) from None
     except AttentionPathUnavailable as unavailable:
         raise PointSkipped(skip or f"unsupported on {backend}: {unavailable}") from None
+    graph = replace(graph, requested=startup.requested, warnings=startup.notes + graph.warnings)
     try:
         sizes = resolve_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform, num_speculative_tokens=q - 1,
+                              graphs=graph.mode is not CUDAGraphMode.NONE,
                               capture_sizes=g.capture_sizes, max_capture_size=g.max_capture_size,
                               max_num_batched_tokens=scenario.workload.max_num_batched_tokens,
                               constraints=registry.size_constraints(list(features)),
@@ -147,7 +156,7 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
                               capture_max_num_batched_tokens=stack_profile.capture_max_num_batched_tokens,
                               capture_max_num_seqs=stack_profile.capture_max_num_seqs)
     except EngineRefusal as refusal:
-        raise PointSkipped(skip or _refused(refusal)) from None
+        raise PointSkipped(skip or _refused(refusal, stack_profile)) from None
     except ValueError as error:
         field = "graph.max_capture_size" if "max_cudagraph_capture_size" in str(error) else "graph.capture_sizes"
         raise ItemProblem(field, str(error)) from None
@@ -155,10 +164,11 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
     if skip:
         raise PointSkipped(skip)
     policy = scenario.engine.budget_policy or stack_profile.budget_policy
-    legacy = {} if policy != "legacy" else dict(
-        num_layers=scenario.model.layers, mode=graph.mode, hccl_mode=scenario.engine.hccl_mode,
-        **registry.budget_inputs(list(features)))
-    budget = stream_budget(policy, sizes.sizes, **legacy)
+    try:
+        budget = stream_budget(policy, sizes.sizes, **legacy_budget_inputs(scenario, features, graph.mode,
+                                                                           stack_profile, policy))
+    except EngineRefusal as refusal:  # v0.18.0's update_aclgraph_sizes crashes when it keeps one size
+        raise PointSkipped(_refused(refusal, stack_profile)) from None
     world = registry.world_size(list(features))
     if world > MAX_WORLD_SIZE:
         raise ItemProblem("features", f"the features need {world} ranks (one process each), above the maximum "
@@ -178,8 +188,18 @@ def _unsupported(scenario: Scenario, features: tuple[Feature, ...]) -> str | Non
     return None
 
 
-def _refused(refusal: EngineRefusal) -> str:
-    return f"the real engine refuses to start (unsupported by design): {refusal}"
+def _refused(refusal: EngineRefusal, stack: StackProfile) -> str:
+    return f"the real engine refuses to start (stack {stack.name}): {refusal}"
+
+
+def legacy_budget_inputs(scenario: Scenario, features: tuple[Feature, ...], mode: CUDAGraphMode,
+                         stack: StackProfile, policy: str) -> dict[str, Any]:
+    """What vLLM Ascend's legacy budget formula reads from a deployment (features add theirs);
+    nothing for another policy."""
+    if policy != "legacy":
+        return {}
+    return dict(num_layers=scenario.model.layers, mode=mode, hccl_mode=scenario.engine.hccl_mode,
+                release=stack.legacy_budget, **registry.budget_inputs(list(features)))
 
 
 def _model(scenario: Scenario, features: tuple[Feature, ...]) -> ModelConfig:

@@ -35,7 +35,7 @@ from harness.ops import set_native_impl, set_native_paged_attention
 from harness.resolve import ItemProblem, PointSkipped, ResolvedItem, resolve_item
 from harness.scenario import Scenario, ScenarioPoint, locate
 from harness.scenario.limits import rank_timeout
-from harness.stacks import StackProfile
+from harness.stacks import StackProfile, profile
 
 #: Outcomes, in pytest's vocabulary.
 PASSED, FAILED, XFAILED, SKIPPED = "passed", "failed", "xfailed", "skipped"
@@ -95,7 +95,9 @@ def build_spec(item: ResolvedItem, ctx: RankContext = SINGLE_RANK) -> PipelineSp
     graph = GraphConfig(item.mode, item.capture_sizes, g.max_num_seqs, q, g.warmup_runs, f.fia_padding, fixes,
                         mixed_full_key_num_reqs=item.stack.mixed_full_key_num_reqs,
                         pad_requests_without_full=item.stack.pad_requests_without_full,
-                        debug_input_addresses=g.debug_input_addresses, attention_path=item.graph.attention_path)
+                        debug_input_addresses=g.debug_input_addresses, attention_path=item.graph.attention_path,
+                        dp_padding=item.stack.dp_padding, spec_decode_needs_computed=item.stack.spec_decode_needs_computed,
+                        capture_error_guidance=item.stack.capture_error_guidance)
     if w.requests is not None:
         plans: list[RequestPlan] = []
         for request in w.requests:
@@ -280,9 +282,11 @@ def cyclic_gc_paused() -> Iterator[None]:
 
 
 def dispatch_rows(scenario: Scenario) -> list[dict[str, Any]]:
-    """The scenario's dispatch table as plain rows for :func:`check_dispatch_table`."""
+    """The scenario's dispatch table as plain rows for :func:`check_dispatch_table` (the rows of
+    another stack left out: ``for_stack``)."""
+    stack = profile(scenario.stack).name
     return [{**row.pinned(), "step": row.step, "rank": row.rank, "for_mode": row.for_mode, "index": i}
-            for i, row in enumerate(scenario.expect.dispatch or ())]
+            for i, row in enumerate(scenario.expect.dispatch or ()) if row.for_stack in (None, stack)]
 
 
 def install_native_ops(engine: Engine) -> None:

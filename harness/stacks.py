@@ -37,6 +37,30 @@ class StackProfile:
       refuses to start when that is not a common multiple (``"max"``, vLLM
       ``adjust_cudagraph_sizes_for_spec_decode``), or to ``lcm(q, tp)`` (``"lcm"``: the
       harness's own composition, no real stack).
+    * ``full_and_piecewise``: the platform keeps FULL_AND_PIECEWISE; False: vLLM Ascend's
+      ``check_and_update_config`` turns it into PIECEWISE, silently (``platform.py`` up to
+      v0.20.2rc1; vLLM Ascend PR #9572, 1bb58b5ff1, first tag v0.21.0rc1).
+    * ``legacy_budget``: which ``update_aclgraph_sizes`` the ``legacy`` budget is: ``"pr9572"``
+      (``utils.py`` at 5f2ef5a0b2^: FULL_AND_PIECEWISE deducts its full graphs, clamped at 0, and
+      ``n <= 1`` keeps the largest size) or ``"v0.18.0"`` (no deduction, and ``n <= 1`` with more
+      sizes than ``n`` crashes the engine at start-up: ``ZeroDivisionError`` or ``IndexError``).
+    * ``dp_padding``: DP agreement on each rank's bucket-padded count and its own mode (min):
+      ``"graph_ranks"`` (vLLM Ascend PR #7297: a rank whose own mode is eager keeps its own count;
+      the re-dispatch is restricted to the agreed mode, ``valid_modes``, PR #6944) or
+      ``"all_ranks"`` (every rank pads to the max; the re-dispatch only leaves FULL out when the
+      agreed mode is not FULL, ``disable_full``).
+    * ``spec_decode_needs_computed``: under speculative decoding a batch is uniform decode only
+      when every request has computed tokens already (vLLM Ascend PR #6835: a fresh prompt of
+      exactly ``1 + k`` tokens is a prefill).
+    * ``capture_error_guidance``: the text vLLM Ascend's ``ACLGraphWrapper`` puts before a
+      stream-resource capture failure: ``None`` (none: the runtime's error as it is), ``"pr9962"``
+      (v0.21.0rc1 to v0.23.0) or ``"pr10555"`` (main: reworded, plus the old-HDK signature).
+    * ``npu_unsupported_compilation``: a compilation mode other than NONE and VLLM_COMPILE on the
+      NPU turns graphs off (``"graphs_off"``; ``"graphs_off_v0.18"`` logs the older line) or, on
+      main since PR #13692 (054bd698ab), turns compilation off and keeps the FULL modes
+      (``"compile_off"``); see :func:`harness.graph.modes.resolve_mode`.
+    * ``tp_aligned_layouts``: shared-expert DP and DSA-CP also keep only TP-aligned capture sizes,
+      as SP does (vLLM Ascend PR #13946, 92616f3a64, main only).
     * ``pad_requests_without_full``: PIECEWISE/NONE runtime without SP also pads the requests
       (one dummy request; the harness before issue 10, no real stack). False: upstream since
       vLLM Ascend PR #6475: no padded request, attention slices the query to the real tokens.
@@ -54,6 +78,13 @@ class StackProfile:
     budget_policy: Literal["legacy", "none"]
     spec_sp_multiple: Literal["max", "lcm"]
     pad_requests_without_full: bool
+    full_and_piecewise: bool
+    legacy_budget: Literal["v0.18.0", "pr9572"]
+    dp_padding: Literal["all_ranks", "graph_ranks"]
+    spec_decode_needs_computed: bool
+    capture_error_guidance: Literal["pr9962", "pr10555"] | None
+    tp_aligned_layouts: bool
+    npu_unsupported_compilation: Literal["graphs_off_v0.18", "graphs_off", "compile_off"]
     rng_in_capture: bool
     capture_survives_rejected_sync: bool
     generator_registration: Literal["lazy", "explicit"]
@@ -65,6 +96,8 @@ _V0_15 = StackProfile(
     summary="vLLM Ascend v0.15.0rc1 (2026-02-27), vLLM v0.15.0, torch_npu 2.9.0",
     mixed_full_key_num_reqs=False, capture_max_num_seqs=False, capture_max_num_batched_tokens=False,
     budget_policy="legacy", spec_sp_multiple="max", pad_requests_without_full=False,
+    full_and_piecewise=False, legacy_budget="v0.18.0", dp_padding="all_ranks", spec_decode_needs_computed=False,
+    capture_error_guidance=None, tp_aligned_layouts=False, npu_unsupported_compilation="graphs_off_v0.18",
     rng_in_capture=False, capture_survives_rejected_sync=False, generator_registration="explicit",
 )
 _V0_18 = StackProfile(
@@ -72,6 +105,8 @@ _V0_18 = StackProfile(
     summary="vLLM Ascend v0.18.0 (2026-04-30), its vLLM release, torch_npu 2.9.0",
     mixed_full_key_num_reqs=True, capture_max_num_seqs=False, capture_max_num_batched_tokens=False,
     budget_policy="legacy", spec_sp_multiple="max", pad_requests_without_full=False,
+    full_and_piecewise=False, legacy_budget="v0.18.0", dp_padding="graph_ranks", spec_decode_needs_computed=True,
+    capture_error_guidance=None, tp_aligned_layouts=False, npu_unsupported_compilation="graphs_off_v0.18",
     rng_in_capture=False, capture_survives_rejected_sync=False, generator_registration="explicit",
 )
 _V0_23 = StackProfile(
@@ -79,6 +114,8 @@ _V0_23 = StackProfile(
     summary="vLLM Ascend v0.23.0 (2026-08-17, the newest release), its vLLM release, torch_npu 2.10.0.post4",
     mixed_full_key_num_reqs=True, capture_max_num_seqs=False, capture_max_num_batched_tokens=True,
     budget_policy="none", spec_sp_multiple="max", pad_requests_without_full=False,
+    full_and_piecewise=True, legacy_budget="pr9572", dp_padding="graph_ranks", spec_decode_needs_computed=True,
+    capture_error_guidance="pr9962", tp_aligned_layouts=False, npu_unsupported_compilation="graphs_off",
     rng_in_capture=False, capture_survives_rejected_sync=False, generator_registration="explicit",
 )
 _MAIN = StackProfile(
@@ -86,6 +123,8 @@ _MAIN = StackProfile(
     summary="vLLM Ascend main (182b75ea84, 2026-08-22) with torch_npu master (9e73e708ab, the 2.12 line)",
     mixed_full_key_num_reqs=True, capture_max_num_seqs=False, capture_max_num_batched_tokens=True,
     budget_policy="none", spec_sp_multiple="max", pad_requests_without_full=False,
+    full_and_piecewise=True, legacy_budget="pr9572", dp_padding="graph_ranks", spec_decode_needs_computed=True,
+    capture_error_guidance="pr10555", tp_aligned_layouts=True, npu_unsupported_compilation="compile_off",
     rng_in_capture=True, capture_survives_rejected_sync=True, generator_registration="lazy",
 )
 _MAIN_PR16623 = StackProfile(
@@ -93,6 +132,8 @@ _MAIN_PR16623 = StackProfile(
     summary="main with vLLM Ascend PR #16623 applied (open): the off-grid max_num_seqs ceiling captured",
     mixed_full_key_num_reqs=True, capture_max_num_seqs=True, capture_max_num_batched_tokens=True,
     budget_policy="none", spec_sp_multiple="max", pad_requests_without_full=False,
+    full_and_piecewise=True, legacy_budget="pr9572", dp_padding="graph_ranks", spec_decode_needs_computed=True,
+    capture_error_guidance="pr10555", tp_aligned_layouts=True, npu_unsupported_compilation="compile_off",
     rng_in_capture=True, capture_survives_rejected_sync=True, generator_registration="lazy",
 )
 _HARNESS_COMPOSE = StackProfile(
@@ -101,6 +142,8 @@ _HARNESS_COMPOSE = StackProfile(
             "(SP x MTP sizes composed to lcm(q, tp), a dummy request in every PIECEWISE/NONE batch)",
     mixed_full_key_num_reqs=True, capture_max_num_seqs=False, capture_max_num_batched_tokens=True,
     budget_policy="none", spec_sp_multiple="lcm", pad_requests_without_full=True,
+    full_and_piecewise=True, legacy_budget="pr9572", dp_padding="graph_ranks", spec_decode_needs_computed=True,
+    capture_error_guidance="pr9962", tp_aligned_layouts=False, npu_unsupported_compilation="graphs_off",
     rng_in_capture=False, capture_survives_rejected_sync=False, generator_registration="explicit",
     real=False,
 )

@@ -37,6 +37,14 @@ class StreamBudgetError(EngineError):
             f"(capture of {graph} needs {needed} stream(s); {in_use} of {pool_size} in use)"
         )
 
+    def reworded(self, message: str) -> StreamBudgetError:
+        """The same failure under another text: what a wrapper re-raises it as (vLLM Ascend's
+        ``ACLGraphWrapper``: its advice, then ``Original error:`` and this text; see
+        ``harness.graph.capture_errors``). Same class, same counts, so the check claims it."""
+        error = StreamBudgetError(self.needed, self.in_use, self.pool_size, self.graph)
+        error.args = (message,)
+        return error
+
 
 class GraphHangError(EngineError):
     """Queued device work can never finish: a replay waits on an event nobody records.

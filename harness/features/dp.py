@@ -1,12 +1,15 @@
 """Data parallel: every rank runs its own batch, but all ranks must run the same graph.
 
-Before each step is dispatched the ranks all-reduce its shape over a CPU group: every rank
-takes the group's max token count, and the batch is uniform decode only if it is on every
-rank, so the one dispatch that follows gives every rank the same padded size and graph mode
-(vLLM ``coordinate_batch_across_dp``, vLLM Ascend ``_sync_batch_across_dp``, PR #30173). A
-rank with fewer tokens, or none, still runs the agreed graph with dummy requests. Without the
-``dp_sync`` fix the ranks decide alone; ranks that disagree on size or mode hang in the
-collectives of the forward (PRs #25906, #30173).
+Each rank first dispatches its own batch; then the ranks all-reduce what each proposes over a
+CPU group: its bucket-padded token count and its own runtime mode (vLLM Ascend
+``_sync_metadata_across_dp``, ``_sync_batch_across_dp`` before it; vLLM ``dp_utils.py``). The
+agreed mode is the min (one eager rank makes the step eager), and a rank takes the group's max
+count when it accepts DP padding (``allow_dp_padding``: its own mode is not eager, or SP; every
+rank on older stacks, ``StackProfile.dp_padding``), else it keeps its own count; each then
+re-dispatches at that count within the agreed mode. A rank with fewer tokens, or none (it runs
+``execute_dummy_batch``: one uniform request of ``1 + k`` tokens), still runs the agreed graph.
+Without the ``dp_sync`` fix the ranks decide alone; ranks that disagree hang in the collectives
+of the forward (PRs #25906, #30173).
 """
 
 from __future__ import annotations
@@ -68,30 +71,39 @@ class DataParallel(RankAxisFeature):
             return shape
         import torch
 
-        mine = torch.tensor([shape.num_tokens, -int(shape.uniform_decode), int(shape.has_work)], dtype=torch.int64,
-                            device=ctx.device)
+        from harness.graph.modes import CUDAGraphMode
+
+        mode = shape.mode if shape.mode is not None else CUDAGraphMode.FULL
+        # one max-reduce: tokens (max), minus the mode's value (so: the min mode), any work
+        mine = torch.tensor([shape.num_tokens, -mode.value, int(shape.has_work)], dtype=torch.int64)
         _all_reduce_max(mine, ctx)
-        tokens, neg_uniform, work = mine.tolist()
-        return StepShape(tokens, bool(-neg_uniform), bool(work))
+        tokens, neg_mode, work = mine.tolist()
+        return StepShape(tokens if shape.accepts_padding else shape.num_tokens, shape.uniform_decode, bool(work),
+                         mode=CUDAGraphMode(-neg_mode), accepts_padding=shape.accepts_padding)
 
     def any_rank(self, flag: bool, ctx: RankContext) -> bool:
         if ctx.dp_group is None or not self.fix_on:
             return flag
         import torch
 
-        mine = torch.tensor([int(flag)], dtype=torch.int64, device=ctx.device)
+        mine = torch.tensor([int(flag)], dtype=torch.int64)
         _all_reduce_max(mine, ctx)
         return bool(mine.item())
 
     def before_forward(self, shape: RunShape, ctx: RankContext, step: int) -> None:
-        check_agreement(shape, ctx, step)
+        check_agreement(shape, ctx, step, agreed=self.fix_on)
 
 
-def check_agreement(shape: RunShape, ctx: RankContext, step: int) -> None:
-    """What the forward's collectives would enforce by hanging: every DP rank runs one shape.
+def check_agreement(shape: RunShape, ctx: RankContext, step: int, agreed: bool = True) -> None:
+    """What the forward's collectives would enforce by hanging: every DP rank runs one graph mode,
+    and in a graph mode one token count (graphs of different sizes issue different collectives).
 
-    Gathers every rank's shape (all ranks see the same list, so all raise together: the
-    harness reports the disagreement instead of hanging in it).
+    An eager step may run different counts on different ranks: upstream a rank whose own mode was
+    eager keeps its own count (vLLM Ascend PR #7297), and the forward's collectives take every
+    rank's count from the agreement (``num_tokens_across_dp``). Without the agreement
+    (``agreed=False``: the ``dp_sync`` fix off) no rank knows its peers' counts, so any
+    difference hangs. Gathers every rank's shape (all ranks see the same list, so all raise
+    together: the harness reports the disagreement instead of hanging in it).
     """
     if ctx.dp_group is None:
         return
@@ -100,19 +112,20 @@ def check_agreement(shape: RunShape, ctx: RankContext, step: int) -> None:
     from harness.graph.modes import CUDAGraphMode
     from harness.model.parallel import collective_ops
 
-    mine = torch.tensor([shape.num_tokens, shape.runtime_mode.value], dtype=torch.int64, device=ctx.device)
-    shapes = torch.empty((ctx.dp, 2), dtype=torch.int64, device=ctx.device)
+    mine = torch.tensor([shape.num_tokens, shape.runtime_mode.value], dtype=torch.int64)
+    shapes = torch.empty((ctx.dp, 2), dtype=torch.int64)
     ops = collective_ops()
     ops.wait_tensor(ops.all_gather_into_tensor_out(mine.view(1, 2), ctx.dp, ctx.dp_group.group_name, out=shapes))
     seen = [(tokens, CUDAGraphMode(mode)) for tokens, mode in shapes.tolist()]
-    if len(set(seen)) > 1:
+    modes = {m for _, m in seen}
+    if len(modes) > 1 or ((modes != {CUDAGraphMode.NONE} or not agreed) and len(set(seen)) > 1):
         listing = ", ".join(f"dp rank {r}: {t} tokens {m}" for r, (t, m) in enumerate(seen))
         raise DPDisagreement(f"step {step}: DP ranks disagree ({listing}); on hardware they hang in "
                              "the forward's collectives")
 
 
 def _all_reduce_max(values: Any, ctx: RankContext) -> None:
-    """Element-wise max of ``values`` (an int64 tensor on the rank's device) over the DP group, in place."""
+    """Element-wise max of ``values`` (a host int64 tensor) over the DP group, in place."""
     from harness.model.parallel import collective_ops
 
     ops = collective_ops()

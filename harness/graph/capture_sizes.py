@@ -44,6 +44,7 @@ __all__ = [
     "compose_constraints",
     "default_capture_sizes",
     "default_max_capture_size",
+    "needs_tp_aligned_sizes",
     "resolve_capture_sizes",
     "resolve_sizes",
     "sizes_for_sequence_parallel",
@@ -248,6 +249,22 @@ def sizes_for_sequence_parallel(sizes: Sequence[int], tp: int) -> list[int]:
     return kept
 
 
+def needs_tp_aligned_sizes(tp: int, *, sequence_parallel: bool, shared_expert_dp: bool = False,
+                           dsa_cp: bool = False, tp_aligned_layouts: bool = False, graphs: bool = True) -> bool:
+    """Whether the capture sizes must be multiples of ``tp`` (then :func:`sizes_for_sequence_parallel`).
+
+    vLLM Ascend's ``_setup_compile_backend``: ``tp > 1``, graph mode not NONE, and a layout that
+    shards tokens across the TP ranks: sequence parallel always; on stacks with
+    ``tp_aligned_layouts`` (main, PR #13946) also the independent shared-expert DP
+    (``enable_shared_expert_dp``) and DSA-CP (``enable_dsa_cp``), whose sharding needs a stable
+    local token shape in every graph. The harness's models have neither layer, and TP comes with
+    SP here, so only SP reaches this from a scenario.
+    """
+    _require_positive("tp", tp)
+    layouts = sequence_parallel or (tp_aligned_layouts and (shared_expert_dp or dsa_cp))
+    return tp > 1 and graphs and layouts
+
+
 def sizes_for_spec_decode(
     sizes: Sequence[int], q: int, max_size: int, tp: int = 1
 ) -> list[int]:
@@ -305,8 +322,13 @@ def resolve_sizes(
     spec_sp_multiple: SpecSpMultiple = "max",
     capture_max_num_batched_tokens: bool = True,
     capture_max_num_seqs: bool = False,
+    graphs: bool = True,
 ) -> SizeResolution:
     """The final capture sizes, ascending, with the warnings on the way: every rule in order.
+
+    0. ``graphs=False`` (graph mode NONE): no sizes at all and no rule applied, so none can
+       fail (vLLM ``_set_cudagraph_sizes``: ``cudagraph_capture_sizes = []``,
+       ``max_cudagraph_capture_size = 0``; v0.15 to v0.23 alike).
 
     1. Base list. Explicit ``capture_sizes``: de-duplicated, and the sizes above
        ``max_num_batched_tokens`` dropped (upstream logs "cudagraph_capture_sizes specified in
@@ -338,6 +360,9 @@ def resolve_sizes(
     if max_num_batched_tokens is not None:
         _require_positive("max_num_batched_tokens", max_num_batched_tokens)
 
+    if not graphs:
+        return SizeResolution([], notes=["graph mode NONE: no capture sizes (vLLM _set_cudagraph_sizes: "
+                                         "cudagraph_capture_sizes [], max_cudagraph_capture_size 0)"])
     notes: list[str] = []
     dropped: list[int] = []
     if capture_sizes is not None:

@@ -17,6 +17,13 @@ key, else the relaxed key under FULL, else the relaxed key under PIECEWISE, else
 the token count left unpadded. A batch above the largest capture size runs eagerly,
 unpadded. ``token_multiple`` (features that split tokens across ranks: SP's tp) rounds an
 eager batch up to a multiple; every capture size is one already (graph.capture_sizes).
+
+``valid_modes`` / ``invalid_modes`` restrict the runtime modes one dispatch may pick (vLLM's
+``CudagraphDispatcher.dispatch`` since vLLM Ascend PR #6944 took it up: DP re-dispatches within
+the agreed mode, cascade attention leaves FULL out); ``disable_full`` is the older spelling of
+``invalid_modes={FULL}``. A uniform FULL key carries ``min(T // q, max_num_seqs)`` requests
+(vLLM ``_create_padded_batch_descriptor``). Mode NONE has no capture sizes at all (vLLM
+``_set_cudagraph_sizes``: ``[]``, max 0), so every batch runs eagerly.
 """
 
 from __future__ import annotations
@@ -27,7 +34,10 @@ from dataclasses import dataclass
 from harness.graph.capture_sizes import PaddedSizeTable
 from harness.graph.modes import CUDAGraphMode
 
-__all__ = ["BatchDescriptor", "DispatchDecision", "Dispatcher", "is_uniform_decode"]
+__all__ = ["BatchDescriptor", "DispatchDecision", "Dispatcher", "RUNTIME_MODES", "is_uniform_decode"]
+
+#: vLLM's ``CUDAGraphMode.valid_runtime_modes()``: what a dispatch may answer.
+RUNTIME_MODES = frozenset({CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE, CUDAGraphMode.FULL})
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,9 @@ class Dispatcher:
         self.token_multiple = token_multiple
         # vLLM after PR #34043: mixed FULL keys carry min(T, max_num_seqs) requests (a profile rule)
         self.mixed_full_key_num_reqs = mixed_full_key_num_reqs
-        self.table = PaddedSizeTable(capture_sizes)
+        if not capture_sizes and mode is not CUDAGraphMode.NONE:
+            raise ValueError(f"graph mode {mode} needs capture sizes (only NONE has none)")
+        self.table = PaddedSizeTable(capture_sizes) if capture_sizes else None
         self.full_keys: frozenset[BatchDescriptor] = frozenset()
         self.piecewise_keys: frozenset[BatchDescriptor] = frozenset()
         if mode is not CUDAGraphMode.NONE:
@@ -120,7 +132,7 @@ class Dispatcher:
         if self.mode.separate_routine() and self.mode.decode_mode() is CUDAGraphMode.FULL:
             cap = None if self.max_num_seqs is None else self.max_num_seqs * q
             full.update(
-                BatchDescriptor(size, size // q, True)
+                self._uniform_key(size)
                 for size in self.table.sizes
                 if size % q == 0 and (cap is None or size <= cap)
             )
@@ -133,9 +145,14 @@ class Dispatcher:
             return BatchDescriptor(size, min(size, self.max_num_seqs))
         return BatchDescriptor(size)
 
+    def _uniform_key(self, size: int) -> BatchDescriptor:
+        """The uniform FULL key of ``size`` tokens: ``min(size // q, max_num_seqs)`` requests."""
+        reqs = size // self.uniform_decode_query_len
+        return BatchDescriptor(size, reqs if self.max_num_seqs is None else min(reqs, self.max_num_seqs), True)
+
     @property
     def capture_sizes(self) -> tuple[int, ...]:
-        return self.table.sizes
+        return self.table.sizes if self.table else ()
 
     def capture_keys(self) -> list[tuple[CUDAGraphMode, BatchDescriptor]]:
         """Every graph to capture: PIECEWISE first, then FULL, largest first within each
@@ -156,7 +173,7 @@ class Dispatcher:
             and self.mode.has_full_cudagraphs()
             and num_tokens_padded % q == 0
         ):
-            return BatchDescriptor(num_tokens_padded, num_tokens_padded // q, True)
+            return self._uniform_key(num_tokens_padded)
         return BatchDescriptor(num_tokens_padded)
 
     def dispatch(
@@ -166,12 +183,18 @@ class Dispatcher:
         uniform_decode: bool,
         *,
         disable_full: bool = False,
+        valid_modes: frozenset[CUDAGraphMode] | set[CUDAGraphMode] | None = None,
+        invalid_modes: frozenset[CUDAGraphMode] | set[CUDAGraphMode] | None = None,
     ) -> DispatchDecision:
         """Decide how one batch runs.
 
         ``uniform_decode`` must agree with the counts (``num_tokens == num_reqs * q``);
         a caller that claims otherwise has a bug upstream of the dispatcher, so it raises.
-        ``disable_full`` skips FULL keys (cascade attention cannot run in a full graph).
+        ``valid_modes`` (None: every runtime mode) minus ``invalid_modes`` are the modes it may
+        answer; ``disable_full`` adds FULL to ``invalid_modes`` (cascade attention cannot run in a
+        full graph). Only NONE allowed: NONE at once. No graph found and NONE not allowed: vLLM
+        asserts ("No matching cudagraph found and NONE is not in allowed_modes"), here a
+        ``ValueError`` with the same words.
         """
         if num_tokens < 1 or num_reqs < 1:
             raise ValueError(
@@ -183,8 +206,14 @@ class Dispatcher:
                 f"uniform decode batch with {num_reqs} requests of q={q} must have "
                 f"{num_reqs * q} tokens, got {num_tokens}"
             )
-        if self.mode is CUDAGraphMode.NONE:
+        allowed = set(valid_modes) if valid_modes else set(RUNTIME_MODES)
+        allowed -= set(invalid_modes or ()) | ({CUDAGraphMode.FULL} if disable_full else set())
+        if not allowed:
+            raise ValueError(f"No allowed cudagraph modes: valid_modes={valid_modes}, invalid_modes={invalid_modes}")
+        if self.mode is CUDAGraphMode.NONE or self.table is None:
             return self._eager(num_tokens, "graph mode NONE")
+        if allowed <= {CUDAGraphMode.NONE}:
+            return self._eager(num_tokens, "only NONE allowed (the modes the DP ranks agreed on)")
         padded = self.table.padded_size(num_tokens)
         if padded is None:
             return self._eager(
@@ -192,7 +221,7 @@ class Dispatcher:
             )
         key = self._padded_key(padded, uniform_decode)
         relaxed = key.relaxed()
-        if not disable_full:
+        if CUDAGraphMode.FULL in allowed:
             if key in self.full_keys:
                 return DispatchDecision(
                     CUDAGraphMode.FULL, key, padded, f"exact FULL key for {padded} tokens"
@@ -203,18 +232,21 @@ class Dispatcher:
                 return DispatchDecision(
                     CUDAGraphMode.FULL, mixed, padded, f"{how} FULL key for {padded} tokens"
                 )
-        if relaxed in self.piecewise_keys:
+        if CUDAGraphMode.PIECEWISE in allowed and relaxed in self.piecewise_keys:
             return DispatchDecision(
                 CUDAGraphMode.PIECEWISE,
                 relaxed,
                 padded,
                 f"relaxed PIECEWISE key for {padded} tokens",
             )
+        if CUDAGraphMode.NONE not in allowed:
+            raise ValueError(f"No matching cudagraph found and NONE is not in allowed_modes="
+                             f"{sorted(m.name for m in allowed)} ({num_tokens} tokens)")
         kind = "uniform decode" if uniform_decode else "mixed"
         return self._eager(
             num_tokens,
             f"no {self.mode} graph for a {kind} batch of {num_tokens} tokens"
-            + (" (FULL disabled)" if disable_full else ""),
+            + ("" if CUDAGraphMode.FULL in allowed else " (FULL not allowed)"),
         )
 
     def _eager(self, num_tokens: int, reason: str) -> DispatchDecision:

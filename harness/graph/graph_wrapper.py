@@ -37,6 +37,8 @@ from typing import Any, Callable, Iterator
 
 from torch import Tensor
 
+from harness.engine.errors import StreamBudgetError
+from harness.graph.capture_errors import capture_error_text
 from harness.graph.dispatcher import BatchDescriptor
 from harness.graph.modes import CUDAGraphMode
 
@@ -148,7 +150,8 @@ class GraphWrapper:
 
     def __init__(self, runnable: Callable[..., Any], runtime_mode: CUDAGraphMode, engine: Any, *,
                  pool: Any = None, monitor: CaptureMonitor | None = None, debug: bool | None = None,
-                 sync_before_replay: bool | None = None, name: str = "", debug_log_enable: bool = True) -> None:
+                 sync_before_replay: bool | None = None, name: str = "", debug_log_enable: bool = True,
+                 capture_error_guidance: str | None = None) -> None:
         if runtime_mode not in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
             raise ValueError(f"a graph wrapper serves FULL or PIECEWISE batches, not {runtime_mode}")
         self.runnable = runnable
@@ -161,6 +164,8 @@ class GraphWrapper:
             else sync_before_replay
         self.name = name or getattr(runnable, "__name__", type(runnable).__name__)
         self.debug_log_enable = debug_log_enable
+        # the advice vLLM Ascend puts before a stream-resource capture failure (harness.graph.capture_errors)
+        self.capture_error_guidance = capture_error_guidance
         self.entries: dict[BatchDescriptor, GraphEntry] = {}
 
     def __getattr__(self, key: str) -> Any:
@@ -219,6 +224,12 @@ class GraphWrapper:
         try:
             with self.engine.graph(graph, pool=self.graph_pool):
                 output = self.runnable(*args, **kwargs)
+        except StreamBudgetError as error:
+            original = str(error) + (f"\n{error.__cause__}" if error.__cause__ is not None else "")
+            text = capture_error_text(original, self.capture_error_guidance)  # type: ignore[arg-type]
+            if text is None:
+                raise
+            raise error.reworded(text) from error
         finally:
             context.capturing = False
         # Upstream keeps only weak references to the output (memory); the emulator's graph holds

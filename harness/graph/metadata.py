@@ -165,6 +165,7 @@ def _uniform_request_count(
     q: int,
     runtime_mode: CUDAGraphMode,
     configured_mode: CUDAGraphMode,
+    uniform: bool | None = None,
 ) -> int | None:
     """The padded request count when the batch replays a *uniform* FULL decode graph.
 
@@ -186,7 +187,9 @@ def _uniform_request_count(
         return None
     if not (configured_mode.separate_routine() and configured_mode.decode_mode() is CUDAGraphMode.FULL):
         return None
-    if not is_uniform_decode(meta.query_lens, q) or num_tokens_padded % q:
+    if uniform is None:
+        uniform = is_uniform_decode(meta.query_lens, q)
+    if not uniform or num_tokens_padded % q:
         return None
     return num_tokens_padded // q
 
@@ -199,8 +202,12 @@ def pad_attention_metadata(
     runtime_mode: CUDAGraphMode,
     configured_mode: CUDAGraphMode,
     fia_padding_fix: bool = True,
+    uniform: bool | None = None,
 ) -> AttentionMetadata:
     """Pad unpadded metadata to ``num_tokens_padded`` tokens.
+
+    ``uniform``: whether the dispatcher picked a uniform key (None: read from the query lengths;
+    under spec decode a batch of ``q``-token requests is not uniform when one is a fresh prompt).
 
     Tokens are always padded: slot ``-1``, position 0. Requests:
 
@@ -243,7 +250,7 @@ def pad_attention_metadata(
             ),
         )
 
-    uniform_reqs = _uniform_request_count(meta, num_tokens_padded, q, runtime_mode, configured_mode)
+    uniform_reqs = _uniform_request_count(meta, num_tokens_padded, q, runtime_mode, configured_mode, uniform)
     if uniform_reqs is not None:
         extra = [q] * (uniform_reqs - meta.num_reqs)
         source = f"uniform: {len(extra)} fake requests"

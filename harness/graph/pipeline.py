@@ -62,6 +62,9 @@ class GraphConfig:
     pad_requests_without_full: bool = False  # True: a dummy request in PIECEWISE/NONE too (no real stack)
     debug_input_addresses: bool = False  # the graph wrappers' debug check (VLLM_LOGGING_LEVEL=DEBUG)
     attention_path: AttentionPath = AttentionPath.HOST_LISTS  # where FULL graphs keep the lengths (capability step)
+    dp_padding: str = "graph_ranks"  # which DP ranks take the group's max count (vLLM Ascend PR #7297)
+    spec_decode_needs_computed: bool = True  # spec decode: a fresh prompt is never uniform (PR #6835)
+    capture_error_guidance: str | None = "pr9962"  # the wrapper's advice on 207008 (PR #9962)
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,8 @@ class PipelineSpec:
         g = self.graph
         return PlannerConfig(g.mode, g.capture_sizes, g.max_num_seqs, g.uniform_decode_query_len,
                              self.model.block_size, self.max_blocks_per_req, g.fia_padding,
-                             self.num_speculative_tokens, g.mixed_full_key_num_reqs, g.pad_requests_without_full)
+                             self.num_speculative_tokens, g.mixed_full_key_num_reqs, g.pad_requests_without_full,
+                             g.dp_padding, g.spec_decode_needs_computed)
 
 
 @dataclass
@@ -107,7 +111,6 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
     register_updatable_ops(engine)
     # Every tensor of the run lives on the engine's device; the known-bad pipeline leaves them on the host.
     device = engine.device if spec.graph.fixes.device_placement else torch.device("cpu")
-    ctx = replace(ctx, device=device)
     reference_model = build_model(spec.model, device)
     model = rank_model(reference_model) if rank_model else reference_model
     draft = draft_model(reference_model, spec.drafter_layers) if spec.num_speculative_tokens else None
@@ -120,8 +123,9 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
     planners = {name: StepPlanner(spec.planner_config(), spec.features, ctx) for name in ("padded", "graph")}
     g = spec.graph
     runner = GraphRunner(engine, model, paths["graph"].kv_cache,
-                         RunnerConfig(max(g.capture_sizes), g.max_num_seqs, spec.max_blocks_per_req, g.warmup_runs,
-                                      g.fixes, g.mode, g.debug_input_addresses, g.attention_path), style)
+                         RunnerConfig(max(g.capture_sizes, default=1), g.max_num_seqs, spec.max_blocks_per_req,
+                                      g.warmup_runs, g.fixes, g.mode, g.debug_input_addresses, g.attention_path,
+                                      g.capture_error_guidance), style)
     eager = {"reference": EagerRunner(reference_model, paths["reference"].kv_cache),
              "padded": EagerRunner(model, paths["padded"].kv_cache, style)}
     with observe_fia_calls() as calls, fia_contract(spec.fia_contract):  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The step planner: one step in, one frozen :class:`StepPlan` out, dispatched exactly once.
+"""The step planner: one step in, one frozen :class:`StepPlan` out, its dispatch decided once.
 
 Modelled on vLLM's split between ``CudagraphDispatcher`` (decides) and ``CUDAGraphWrapper``
 (trusts the decision): the planner owns the dispatcher and everything that decides a step's
@@ -7,11 +7,14 @@ shape; the runner (:mod:`harness.graph.runner`) only executes plans.
 A plan is made in this order, and nothing is decided twice:
 
 1. the unpadded metadata of this rank's batch (or none: an idle DP rank);
-2. the shape this rank proposes (:class:`StepShape`: real tokens, uniform decode, has work),
-   then every feature's ``agree`` (DP all-reduces it: max tokens, uniform only if uniform on
-   every rank). The agreed shape is the dispatcher's input;
-3. **one** dispatch of the agreed shape (the dispatcher also rounds eager batches up to the
-   features' token multiple, e.g. SP's tp);
+2. this rank's own dispatch (an idle DP rank dispatches its dummy batch: vLLM Ascend's
+   ``execute_dummy_batch``, one uniform request of ``q`` tokens), and the shape it proposes
+   (:class:`StepShape`: its bucket-padded tokens and its own mode), then every feature's
+   ``agree`` (DP all-reduces it: max tokens, min mode; a rank whose own mode is eager keeps its
+   own count on newer stacks);
+3. the re-dispatch at the agreed count within the agreed mode (vLLM Ascend
+   ``_determine_batch_execution_and_padding``); without DP the first dispatch stands (the
+   dispatcher also rounds eager batches up to the features' token multiple, e.g. SP's tp);
 4. the metadata padded to the decision's token count (the FIA padding fix), minus the tokens
    of any feature whose fix is off (the known-bad pipeline), then each feature's view of it
    for this rank (CP shards it). A non-FULL runtime without SP pads the tokens only: the
@@ -111,9 +114,12 @@ class PlannerConfig:
     max_blocks_per_req: int
     fia_padding: bool = True  # the core fix: dummy requests so actual_seq_lengths[-1] == T
     num_speculative_tokens: int = 0
-    # stack rules (harness.stacks): mixed FULL keys carry num_reqs; every non-FULL batch pads requests
+    # stack rules (harness.stacks): mixed FULL keys carry num_reqs; every non-FULL batch pads requests;
+    # which DP ranks take the group's max count; spec decode's uniform batches need computed tokens
     mixed_full_key_num_reqs: bool = True
     pad_requests_without_full: bool = False
+    dp_padding: str = "graph_ranks"  # "graph_ranks" (vLLM Ascend PR #7297) or "all_ranks"
+    spec_decode_needs_computed: bool = True  # vLLM Ascend PR #6835
 
 
 def dummy_request_lens(num_tokens: int, max_num_seqs: int) -> list[int]:
@@ -158,12 +164,23 @@ class StepPlanner:
     def metadata(self, requests: Sequence[ScheduledRequest]) -> AttentionMetadata:
         return build_attention_metadata(requests, self.config.block_size, self.config.max_blocks_per_req)
 
+    def is_uniform(self, meta: AttentionMetadata, requests: Sequence[ScheduledRequest]) -> bool:
+        """Whether this batch is uniform decode: every request has ``q`` new tokens and, under
+        speculative decoding, tokens computed already (vLLM Ascend PR #6835, ``is_all_decode``:
+        a fresh prompt of exactly ``1 + k`` tokens is a prefill, not a decode)."""
+        cfg = self.config
+        if not is_uniform_decode(meta.query_lens, cfg.uniform_decode_query_len):
+            return False
+        if cfg.num_speculative_tokens and cfg.spec_decode_needs_computed:
+            return all(r.num_computed_tokens > 0 for r in requests)
+        return True
+
     def reference(self, step: Step | None) -> StepPlan | None:
         """The reference path's plan: this step eagerly, unpadded, on the single-rank model."""
         if step is None:
             return None
         meta = self.metadata(step.requests)
-        uniform = is_uniform_decode(meta.query_lens, self.config.uniform_decode_query_len)
+        uniform = self.is_uniform(meta, step.requests)
         return StepPlan(PlanKind.REFERENCE, meta, None, meta, PaddingLedger(meta.num_actual_tokens),
                         StepShape(meta.num_actual_tokens, uniform), uniform)
 
@@ -175,10 +192,16 @@ class StepPlanner:
         cfg = self.config
         q = cfg.uniform_decode_query_len
         meta = self.metadata(step.requests) if step is not None else None
-        uniform = meta is not None and is_uniform_decode(meta.query_lens, q)
-        real = meta.num_actual_tokens if meta is not None else 0
-        # An idle rank proposes 0 tokens and "uniform": it never vetoes the busy ranks' graph.
-        shape = StepShape(real, uniform or meta is None, has_work=meta is not None)
+        if meta is not None:
+            uniform, real, num_reqs = self.is_uniform(meta, step.requests), meta.num_actual_tokens, meta.num_reqs
+        else:  # execute_dummy_batch: _dummy_run(num_tokens=q, uniform_decode=True)
+            uniform, real, num_reqs = True, q, 1
+        own = self.dispatcher.dispatch(real, num_reqs, uniform)
+        split = any(f.token_multiple() > 1 for f in self.features)
+        accepts = cfg.dp_padding == "all_ranks" or own.runtime_mode is not CUDAGraphMode.NONE or split
+        shape = StepShape(own.num_tokens_padded, uniform, has_work=meta is not None, mode=own.runtime_mode,
+                          accepts_padding=accepts)
+        proposed = shape
         added: dict[Any, int] = {}  # feature -> tokens it added to T
         woke: Any = None  # the feature that gave an idle rank work (DP: a busy peer)
         for feature in self.features:
@@ -190,18 +213,21 @@ class StepPlanner:
             shape = agreed
         if not shape.has_work:
             return None
-        num_reqs = shape.num_tokens // q if shape.uniform_decode else (meta.num_reqs if meta is not None else 1)
-        decision = self.dispatcher.dispatch(shape.num_tokens, num_reqs, shape.uniform_decode)
+        decision = own
+        if (shape.num_tokens, shape.mode) != (proposed.num_tokens, proposed.mode):
+            decision = self._redispatch(shape, uniform, num_reqs)
         tokens = decision.num_tokens_padded
-        if decision.runtime_mode is CUDAGraphMode.NONE and tokens > shape.num_tokens:
+        own_padding = own.num_tokens_padded - real
+        if own.runtime_mode is CUDAGraphMode.NONE and own_padding:
             # The only padding of an eager batch: a feature's token multiple (SP's tp).
             owner = next(f for f in self.features if f.token_multiple() > 1)
-            added[owner] = added.get(owner, 0) + tokens - shape.num_tokens
+            added[owner] = added.get(owner, 0) + own_padding
             bucket = 0
         else:
-            bucket = tokens - shape.num_tokens
+            bucket = own_padding
+        bucket += tokens - shape.num_tokens  # what the re-dispatch padded beyond the agreed count
         if meta is None:
-            idle = self._idle_metadata(tokens)
+            idle = self._idle_metadata(decision)
             ledger = PaddingLedger(0, features=((woke.ledger or woke.name, tokens),))
             return StepPlan(PlanKind.IDLE, idle, decision, self._rank_view(idle), ledger, shape, True)
         drafts = sum(r.num_new_tokens - 1 for r, d in zip(step.requests, step.decodes) if d) \
@@ -210,6 +236,25 @@ class StepPlanner:
                                tuple((f.ledger or f.name, n) for f, n in added.items() if n))
         padded = self._rank_view(self._pad(meta, decision, added))
         return StepPlan(PlanKind.STEP, meta, decision, padded, ledger, shape, uniform)
+
+    def _redispatch(self, shape: StepShape, uniform: bool, num_reqs: int) -> DispatchDecision:
+        """The dispatch at the count the ranks agreed on, within the mode they agreed on.
+
+        ``dp_padding == "graph_ranks"`` (vLLM Ascend since PRs #6944, #7297): ``valid_modes`` is
+        the agreed mode alone; ``"all_ranks"`` (older): FULL is left out unless the agreed mode
+        is FULL (``disable_full``). The agreed count must come back unchanged (vLLM Ascend asserts
+        it: every rank's ``num_tokens_across_dp`` entry is what the others were told)."""
+        q, tokens = self.config.uniform_decode_query_len, shape.num_tokens
+        uniform = uniform and tokens % q == 0
+        reqs = tokens // q if uniform else num_reqs
+        if self.config.dp_padding == "all_ranks":
+            decision = self.dispatcher.dispatch(tokens, reqs, uniform, disable_full=shape.mode is not CUDAGraphMode.FULL)
+        else:
+            decision = self.dispatcher.dispatch(tokens, reqs, uniform, valid_modes={shape.mode})
+        if decision.num_tokens_padded != tokens:
+            raise ValueError(f"the re-dispatch at the DP ranks' agreed {tokens} tokens gave {decision.num_tokens_padded} "
+                             f"({decision.reason}): vLLM Ascend asserts batch_descriptor.num_tokens == num_tokens_padded")
+        return replace(decision, reason=f"{decision.reason} (DP: agreed {tokens} tokens, mode {shape.mode})")
 
     def any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` holds on any rank of this path (``flag``: whether it holds here).
@@ -233,9 +278,10 @@ class StepPlanner:
             return slice_attention_metadata(meta, total)  # the attention slices: no padded request
         unfixed = {f: n for f, n in added.items() if n and not f.fix_on}
         covered = total - sum(unfixed.values())
+        key = decision.batch_descriptor
         padded = pad_attention_metadata(meta, covered, uniform_decode_query_len=cfg.uniform_decode_query_len,
                                         runtime_mode=decision.runtime_mode, configured_mode=cfg.mode,
-                                        fia_padding_fix=cfg.fia_padding)
+                                        fia_padding_fix=cfg.fia_padding, uniform=bool(key and key.uniform_decode))
         if unfixed:
             why = ", ".join(f"{f.name} added {n} token(s) with its fix {'/'.join(f.fixes_off)} off"
                             for f, n in unfixed.items())
@@ -244,21 +290,22 @@ class StepPlanner:
                              positions=padded.positions + [0] * extra, padding_source=f"{padded.padding_source}; {why}")
         return padded
 
-    def _idle_metadata(self, num_tokens: int) -> AttentionMetadata:
-        """An idle DP rank's batch: one dummy request of KV length 0 holding every token.
+    def _idle_metadata(self, decision: DispatchDecision) -> AttentionMetadata:
+        """An idle DP rank's batch: vLLM Ascend's ``execute_dummy_batch``, one request of ``q``
+        tokens (KV length ``q``: ``_dummy_run`` sets ``seq_lens`` to its query length) in the null
+        block, every slot -1, padded to the agreed shape as any batch of that decision is.
 
-        The dummy is padding, not a request (``num_reqs`` 0, ``num_reqs_padded`` 1), so a
-        feature that re-derives metadata from the real requests (CP) sees no real token.
+        The dummy is padding, not a request (``num_reqs`` 0), so a feature that re-derives
+        metadata from the real requests (CP) sees no real token.
         """
         cfg = self.config
-        # Built from a one-token request, then given every token: with KV length 0 the dummy
-        # holds no block, so its T tokens may be more than a request's table could hold.
-        dummy = ScheduledRequest("idle", 0, 1, (0,) * cfg.max_blocks_per_req)
+        q = cfg.uniform_decode_query_len
+        dummy = ScheduledRequest("idle", 0, q, (0,) * cfg.max_blocks_per_req)
         meta = self.metadata([dummy])
-        return replace(meta, num_reqs=0, num_input_tokens=num_tokens, query_start_loc=[0, num_tokens],
-                       actual_seq_lengths=[num_tokens], query_lens=[num_tokens], seq_lens=[0],
-                       slot_mapping=[PAD_SLOT_ID] * num_tokens, positions=[0] * num_tokens, num_actual_tokens=0,
-                       padding_source=f"idle DP rank: {num_tokens} dummy tokens")
+        meta = replace(meta, slot_mapping=[PAD_SLOT_ID] * q)
+        padded = self._pad(meta, decision, {})
+        return replace(padded, num_reqs=0, num_actual_tokens=0,
+                       padding_source=f"idle DP rank: a dummy request of {q} token(s), {padded.padding_source}")
 
     def _rank_view(self, meta: AttentionMetadata) -> AttentionMetadata:
         for feature in self.features:

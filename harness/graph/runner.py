@@ -75,6 +75,7 @@ class RunnerConfig:
     mode: CUDAGraphMode = CUDAGraphMode.FULL  # the configured mode: which wrappers exist
     debug_input_addresses: bool = False  # the wrappers' replay-time address check (VLLM_LOGGING_LEVEL=DEBUG)
     attention_path: AttentionPath = AttentionPath.HOST_LISTS  # where FULL graphs keep the lengths
+    capture_error_guidance: str | None = None  # the stack's advice before a stream-resource capture error
 
 
 def attention_heads(model: DecoderLM) -> AttentionHeads:
@@ -202,7 +203,8 @@ class GraphRunner:
         self.monitor = CaptureMonitor(enabled=False)  # capturing is legal only inside capture()
         mode = config.mode
         pool = engine.graph_pool_handle() if mode is not CUDAGraphMode.NONE else None
-        wrap = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses)
+        wrap = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses,
+                    capture_error_guidance=config.capture_error_guidance)
         # vLLM Ascend synchronizes before a FULL replay so that the host update of this step
         # cannot race the last replay (PR #4233); device buffers need no update, and vLLM's
         # CUDA graph wrapper has no such sync.

@@ -29,7 +29,6 @@ class RankContext:
     rank: int = 0
     world_size: int = 1
     axes: Mapping[str, RankAxis] = field(default_factory=dict)
-    device: Any = None  # the rank's torch.device (None: the host), where its collectives' tensors live
 
     def axis(self, name: str) -> RankAxis:
         return self.axes.get(name, _SINGLE_AXIS)
@@ -77,16 +76,22 @@ SINGLE_RANK = RankContext()
 
 @dataclass(frozen=True)
 class StepShape:
-    """What the ranks agree on *before* the step is dispatched (the dispatcher's inputs).
+    """What a rank proposes to its peers *before* the step is dispatched, and what they agree on.
 
-    ``num_tokens`` is the real token count (DP agreement raises it to the group max),
-    ``uniform_decode`` whether every request has ``q`` tokens (uniform only if every rank is),
-    ``has_work`` whether this rank has requests (an idle rank runs the agreed shape on dummies).
+    As vLLM Ascend's ``_determine_batch_execution_and_padding``: each rank first dispatches its own
+    batch, then proposes ``num_tokens``, its **bucket-padded** token count, and ``mode``, its own
+    runtime mode; DP agreement returns the group's max count (to a rank that ``accepts_padding``:
+    upstream's ``allow_dp_padding``, its own mode not eager, or SP) and the group's min mode.
+    ``uniform_decode`` is this rank's own (each rank re-dispatches its own batch), ``has_work``
+    whether any rank of the group has requests (an idle rank runs the agreed shape on a dummy).
+    ``mode`` None: no dispatch happened (a caller outside the planner).
     """
 
     num_tokens: int
     uniform_decode: bool
     has_work: bool = True
+    mode: CUDAGraphMode | None = None
+    accepts_padding: bool = True
 
 
 @dataclass(frozen=True)

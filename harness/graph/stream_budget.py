@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from harness.graph.capture_sizes import EngineRefusal
 from harness.graph.modes import CUDAGraphMode
 
 __all__ = [
@@ -36,6 +37,8 @@ __all__ = [
 
 HcclMode = Literal["AIV", "default"]
 StreamBudgetPolicy = Literal["legacy", "none"]
+#: Which release's ``update_aclgraph_sizes`` the legacy policy is (see :func:`legacy_stream_budget`).
+LegacyRelease = Literal["v0.18.0", "pr9572"]
 
 #: 2048 streams minus 248 kept as a buffer (since vLLM Ascend PR #2827).
 LEGACY_MAX_STREAMS = 1800
@@ -112,8 +115,16 @@ def legacy_stream_budget(
     is_moe: bool = False,
     multistream_overlap_shared_expert: bool = False,
     max_streams: int = LEGACY_MAX_STREAMS,
+    release: LegacyRelease = "pr9572",
 ) -> BudgetDecision:
     """``update_aclgraph_sizes()`` as a pure function.
+
+    ``release`` picks the version of the function: ``"pr9572"`` (``utils.py`` at 5f2ef5a0b2^, the
+    last before PR #9962 removed it) or ``"v0.18.0"`` (``utils.py`` at v0.18.0, and v0.15.0rc1,
+    read line by line: the same formula without the FULL_AND_PIECEWISE deduction, which PR #9572
+    added with FULL_AND_PIECEWISE itself, and without the ``n <= 1`` guard: there ``step =
+    (len - 1) / (n - 1)`` divides by zero at ``n == 1`` and ``indices[0] = 0`` fails on the empty
+    list at ``n <= 0``, so the engine does not start: :class:`EngineRefusal` with Python's text).
 
     Applies only to PIECEWISE and FULL_AND_PIECEWISE (the modes that capture piecewise
     graphs); FULL / FULL_DECODE_ONLY / NONE keep every size. With ``MAX = max_streams``:
@@ -143,7 +154,9 @@ def legacy_stream_budget(
 
     steps: list[str] = [f"MAX={max_streams}"]
     budget = max_streams
-    if mode is CUDAGraphMode.FULL_AND_PIECEWISE:
+    if release not in ("pr9572", "v0.18.0"):
+        raise ValueError(f"release must be 'pr9572' or 'v0.18.0', got {release!r}")
+    if mode is CUDAGraphMode.FULL_AND_PIECEWISE and release == "pr9572":
         # clamped at 0 (vLLM Ascend: max(0, MAX - len(sizes))): more sizes than streams leaves
         # no budget, never a negative one
         budget = max(0, budget - len(sizes))
@@ -176,6 +189,10 @@ def legacy_stream_budget(
         n = math.floor((budget - reserved) / per_size / pf)
         steps.append(f"default HCCL: g={groups}, n=floor(({budget}-{reserved})/{per_size}/{pf})={n}")
 
+    if release == "v0.18.0" and n < len(sizes) and n <= 1:
+        error = "ZeroDivisionError: division by zero" if n == 1 else "IndexError: list assignment index out of range"
+        raise EngineRefusal(f"update_aclgraph_sizes at vLLM Ascend v0.18.0 keeps n={n} of {len(sizes)} capture sizes "
+                            f"and has no guard for n <= 1: {error} ({'; '.join(steps)})")
     kept = downsample_sizes(sizes, n)
     kept_set = set(kept)
     dropped = [s for s in sizes if s not in kept_set]

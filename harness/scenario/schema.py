@@ -223,8 +223,12 @@ class GraphSpec(_Base):
     debug_input_addresses: bool = Field(
         default=False, description="Check at every replay that each input is at its captured address and "
         "raise when not (vLLM's debug mode, VLLM_LOGGING_LEVEL=DEBUG); off by default, as upstream.")
+    compilation_mode: Literal["VLLM_COMPILE", "NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE"] = Field(
+        default="VLLM_COMPILE", description="vLLM's CompilationConfig.mode: only VLLM_COMPILE splits the "
+        "model for piecewise graphs; any other turns PIECEWISE and FULL_AND_PIECEWISE into NONE, and on "
+        "the NPU the two torch.compile modes turn graphs off (or, on main, compilation off).")
 
-    @field_validator("mode", mode="before")
+    @field_validator("mode", "compilation_mode", mode="before")
     @classmethod
     def _normalise_mode(cls, v: Any) -> Any:
         if isinstance(v, str):
@@ -390,6 +394,8 @@ class DispatchRow(_Base):
     step: NonNeg(L.MAX_STEPS)
     rank: NonNeg(L.MAX_WORLD_SIZE - 1) | None = Field(None, description="Global rank; null: every rank.")
     for_mode: GraphMode | None = Field(None, description="Applies only to items of this configured mode.")
+    for_stack: Annotated[str, Field(json_schema_extra={"enum": stack_names()})] | None = Field(
+        None, description="Applies only to items that model this stack (one table for a `stack` matrix).")
     mode: RuntimeMode | None = Field(None, description="The runtime mode: NONE, PIECEWISE or FULL.")
     bucket: Pos(L.MAX_CAPTURE_SIZE * 8) | None = Field(None, description="Padded token count T.")
     num_tokens: NonNeg(L.MAX_CAPTURE_SIZE * 8) | None = Field(None, description="Real tokens on this rank.")
@@ -410,9 +416,16 @@ class DispatchRow(_Base):
     def _mode_name(cls, v: Any) -> Any:
         return v.strip().upper().replace("-", "_") if isinstance(v, str) else v
 
+    @field_validator("for_stack")
+    @classmethod
+    def _known_stack(cls, v: str | None) -> str | None:
+        if v is not None and v not in stack_names():
+            raise ValueError(f"unknown stack {v!r}; known: {', '.join(stack_names())}")
+        return v
+
     @model_validator(mode="after")
     def _pins_something(self) -> "DispatchRow":
-        pinned = self.model_fields_set - {"step", "rank", "for_mode"}
+        pinned = self.model_fields_set - {"step", "rank", "for_mode", "for_stack"}
         if not pinned:
             raise ConsistencyError([((), "a dispatch row pins nothing: name at least one of mode, bucket, "
                                           "num_tokens, padded_tokens, uniform, num_reqs, num_reqs_padded, "
@@ -425,7 +438,7 @@ class DispatchRow(_Base):
 
     def pinned(self) -> dict[str, Any]:
         """The fields this row pins, as plain data (what the check compares)."""
-        out = self.model_dump(mode="json", include=self.model_fields_set - {"step", "rank", "for_mode"})
+        out = self.model_dump(mode="json", include=self.model_fields_set - {"step", "rank", "for_mode", "for_stack"})
         if "metadata" in out:
             out["metadata"] = self.metadata.model_dump(mode="json", include=self.metadata.model_fields_set)
         return out
@@ -472,11 +485,12 @@ class Expect(_Base):
                 issues.append((("dispatch",), "a skipped item runs nothing: 'dispatch' goes with pass or fail"))
             seen_rows: set[tuple] = set()
             for i, row in enumerate(self.dispatch):
-                key = (row.step, row.rank, row.for_mode)
+                key = (row.step, row.rank, row.for_mode, row.for_stack)
                 if key in seen_rows:
                     issues.append((("dispatch", i), f"step {row.step}"
                                    + (f", rank {row.rank}" if row.rank is not None else "")
                                    + (f", for_mode {row.for_mode}" if row.for_mode else "")
+                                   + (f", for_stack {row.for_stack}" if row.for_stack else "")
                                    + " is pinned twice: merge the rows"))
                 seen_rows.add(key)
         if self.fail is not None and "dispatch" in self.fail and not self.dispatch:

@@ -184,7 +184,9 @@ def test_an_outside_feature_declares_everything_and_needs_no_harness_change(expe
     assert scenario.fixes.model_dump()["ep_padding"] is False  # its own fix switch
     item = resolve_item(scenario)
     assert [f.name for f in item.features] == ["ep"] and item.world_size == 2
-    assert list(item.capture_sizes) == [2, 4]  # its capture-size constraint
+    assert list(item.capture_sizes) == []  # mode NONE: no sizes (vLLM: [], max 0)
+    piecewise = scenario.model_copy(update={"graph": scenario.graph.model_copy(update={"mode": "PIECEWISE"})})
+    assert list(resolve_item(piecewise).capture_sizes) == [2, 4]  # its capture-size constraint
     with pytest.raises(Exception, match="size"):  # its settings are typed: a string is refused
         Scenario.model_validate({"workload": {"requests": [{"prompt_len": 2, "output_len": 2}]},
                                  "features": {"ep": {"size": "two"}}})
