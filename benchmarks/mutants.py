@@ -30,6 +30,8 @@ RULES: dict[str, str] = {
     "task_group_update": "task-group update of every layer with the current lists",
     "event_ordering": "event ordering: the layer's event is recorded after its update; the graph waits",
     "static_inputs": "inputs are copied into the captured static buffers before replay",
+    "sync_before_replay": "async scheduling: the host waits for the last replay before a FULL one's update",
+    "graph_memory": "a graph's output lives in the pool: what a step keeps is copied before the next replay",
     "dp_max": "DP: every rank pads to the group's max token count",
     "dp_min": "DP: the agreed mode is the min (uniform only if every busy rank is); idle ranks do not veto",
     "dp_wave": "DP: ranks end a path together (no requests left anywhere, or a failure on any rank)",
@@ -67,6 +69,7 @@ _DR = "harness/graph/drafter.py"
 _CP = "harness/model/context_parallel.py"
 _SB = "harness/graph/stream_budget.py"
 _CS = "harness/graph/capture_sizes.py"
+_W = "harness/graph/graph_wrapper.py"
 
 _TABLE = ("scenarios/rules/dispatch_table.yaml",)
 _DP_RULES = ("scenarios/rules/dp_agreement.yaml", "scenarios/rules/dp_idle_rank.yaml")
@@ -178,7 +181,7 @@ MUTANTS: tuple[Mutant, ...] = (
            "at capture the event is reset before the wait is recorded (an early record is lost: a hang)",
            ("tests/engine/test_fia_graph.py",)),
     Mutant("static-slots-skipped", "static_inputs", _R,
-           "        self.slot_mapping[:n].copy_(torch.tensor(meta.slot_mapping, dtype=torch.int64))\n",
+           "        self.slot_mapping[:n].copy_(torch.tensor(meta.slot_mapping, dtype=torch.int64), non_blocking=True)\n",
            "",
            "the slot mapping not copied into its static buffer before replay",
            ("scenarios/decode_buckets.yaml",)),
@@ -187,6 +190,22 @@ MUTANTS: tuple[Mutant, ...] = (
            "        n = meta.num_actual_tokens\n        if not self.config.fixes.static_inputs:",
            "only the real tokens copied: the padding rows keep the previous step's ids and slots",
            ("scenarios/decode_buckets.yaml", "scenarios/mixed_prefill_decode.yaml")),
+    # -- the synchronize before a FULL replay (async scheduling) --------------------------------
+    Mutant("no-sync-before-replay", "sync_before_replay", _W,
+           "            self.engine.current_stream().synchronize()\n",
+           "",
+           "the synchronize before a FULL replay dropped: the next step's update races the queued replay",
+           ("scenarios/async_scheduling.yaml",)),
+    Mutant("async-reads-whole-stream", "sync_before_replay", _R,
+           "            launched.ready.synchronize()  # this step's copies, not what was launched after it\n",
+           "            self.engine.synchronize()\n",
+           "the async read-back waits for the whole device: no step is ever in flight (the race is hidden)",
+           ("scenarios/known_bad/no_sync_before_replay.yaml",)),
+    Mutant("graph-output-not-copied", "graph_memory", _R,
+           "        launched = self._launched(logits[: meta.num_actual_tokens].clone(), sample_rows)\n",
+           "        launched = self._launched(logits[: meta.num_actual_tokens], sample_rows)\n",
+           "a step keeps a view of the graph's output: read after the next replay, it holds another step's logits",
+           ("scenarios/async_scheduling.yaml",)),
     Mutant("static-piece-output", "static_inputs", _R,
            "        buffer.copy_(out)\n",
            "",

@@ -161,6 +161,9 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
         field = "graph.max_capture_size" if "max_cudagraph_capture_size" in str(error) else "graph.capture_sizes"
         raise ItemProblem(field, str(error)) from None
     _check_dummy_batches(scenario, graph.mode, sizes.sizes, model)
+    if not skip and g.async_scheduling and q > 1:
+        skip = ("graph.async_scheduling with speculative decoding: the harness does not model it (the drafter's "
+                "inputs would come from unread accepted tokens)")
     if skip:
         raise PointSkipped(skip)
     policy = scenario.engine.budget_policy or stack_profile.budget_policy

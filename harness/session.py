@@ -91,13 +91,14 @@ def build_spec(item: ResolvedItem, ctx: RankContext = SINGLE_RANK) -> PipelineSp
     q = item.uniform_decode_query_len
     f = scenario.fixes
     fixes = Fixes(device_placement=f.device_placement, host_param_update=f.host_param_update,
-                  static_inputs=f.static_inputs, refresh_device_buffers=f.refresh_device_buffers)
+                  static_inputs=f.static_inputs, refresh_device_buffers=f.refresh_device_buffers,
+                  sync_before_replay=f.sync_before_replay)
     graph = GraphConfig(item.mode, item.capture_sizes, g.max_num_seqs, q, g.warmup_runs, f.fia_padding, fixes,
                         mixed_full_key_num_reqs=item.stack.mixed_full_key_num_reqs,
                         pad_requests_without_full=item.stack.pad_requests_without_full,
                         debug_input_addresses=g.debug_input_addresses, attention_path=item.graph.attention_path,
                         dp_padding=item.stack.dp_padding, spec_decode_needs_computed=item.stack.spec_decode_needs_computed,
-                        capture_error_guidance=item.stack.capture_error_guidance)
+                        capture_error_guidance=item.stack.capture_error_guidance, async_scheduling=g.async_scheduling)
     if w.requests is not None:
         plans: list[RequestPlan] = []
         for request in w.requests:

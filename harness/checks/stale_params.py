@@ -39,8 +39,12 @@ def check_stale_params(record: RunRecord) -> CheckResult:
                "texts": {p: record.texts.get(p, {}) for p in ("reference", "graph")}}
     if stale:
         first = stale[0]
+        later = _later_step_with(record, first)
+        what = f"capture-time {first['argument']} {first['executed']}" if later is None else (
+            f"{first['argument']} {first['executed']} of step {later} (its update reached the graph before this "
+            f"replay had run)")
         summary = (
-            f"graph replayed capture-time {first['argument']} {first['executed']} at step {first['step']} "
+            f"graph replayed {what} at step {first['step']} "
             f"(layer {first['layer']}, bucket {first['bucket']}), expected {first['expected']}; "
             f"{len(stale)} stale list(s) in all; {_scores(repetition)}"
         )
@@ -62,6 +66,16 @@ def check_stale_params(record: RunRecord) -> CheckResult:
     else:  # no FULL replay ran (or the graph path stopped first): attention read live lists
         return not_evaluated(CheckName.STALE_PARAMS, "no FULL replay ran, so no host list could go stale", details)
     return CheckResult(CheckName.STALE_PARAMS, True, f"host lists live on every replay ({how})", details=details)
+
+
+def _later_step_with(record: RunRecord, stale: dict) -> int | None:
+    """The later step of the same bucket whose live list is what ran (an update that raced the
+    replay before it: async scheduling without the sync), else None (the capture's list)."""
+    for step in record.steps:
+        if step.step > stale["step"] and step.num_tokens_padded == stale["bucket"] \
+                and step.metadata.get(stale["argument"]) == stale["executed"]:
+            return step.step
+    return None
 
 
 def _scores(repetition: dict[str, dict[str, dict[str, float]]]) -> str:

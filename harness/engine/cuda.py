@@ -97,6 +97,7 @@ class ExternalEvent:
 
 
 Stream = torch.cuda.Stream
+Event = torch.cuda.Event
 current_stream = torch.cuda.current_stream
 stream = torch.cuda.stream
 synchronize = torch.cuda.synchronize

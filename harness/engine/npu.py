@@ -74,6 +74,7 @@ graph_task_update_begin = torch.npu.graph_task_update_begin
 graph_task_update_end = torch.npu.graph_task_update_end
 ExternalEvent = torch.npu.ExternalEvent
 Stream = torch.npu.Stream
+Event = torch.npu.Event
 current_stream = torch.npu.current_stream
 stream = torch.npu.stream
 synchronize = torch.npu.synchronize

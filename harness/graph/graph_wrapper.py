@@ -134,6 +134,15 @@ class GraphEntry:
     input_addresses: list[int] | None = None  # recorded at capture (every mode; compared in debug)
 
 
+def _weak_refs(engine: Any, value: Any) -> Any:
+    """``value`` with each tensor replaced by a weak reference to its memory (vLLM's ``weak_ref_tensors``)."""
+    if isinstance(value, Tensor):
+        return engine.weak_ref_tensor(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_weak_refs(engine, v) for v in value)
+    return value
+
+
 def _addresses(args: tuple[Any, ...]) -> list[int]:
     return [x.data_ptr() for x in args if isinstance(x, Tensor)]
 
@@ -146,12 +155,19 @@ class GraphWrapper:
     before a FULL replay (PR #4233: the host-parameter update of step i must not race the replay
     of step i-1); it defaults to on for FULL and off for PIECEWISE, as upstream (which also skips
     it for an EAGLE draft model merged into the main graph).
+
+    The wrapper keeps only weak references to a graph's output (``engine.weak_ref_tensor``, vLLM's
+    ``weak_ref_tensors``): its memory belongs to the pool, and a later capture may reuse it once
+    nothing else holds it. ``weak_ref_output`` also hands the capturing caller a weak reference
+    (vLLM's ``CUDAGraphOptions.weak_ref_output``: the last piece of a piecewise model, and a
+    whole-model FULL graph), so its memory is free for the next capture at once; a caller must
+    then copy what it keeps before another graph of the pool replays.
     """
 
     def __init__(self, runnable: Callable[..., Any], runtime_mode: CUDAGraphMode, engine: Any, *,
                  pool: Any = None, monitor: CaptureMonitor | None = None, debug: bool | None = None,
                  sync_before_replay: bool | None = None, name: str = "", debug_log_enable: bool = True,
-                 capture_error_guidance: str | None = None) -> None:
+                 capture_error_guidance: str | None = None, weak_ref_output: bool = True) -> None:
         if runtime_mode not in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):
             raise ValueError(f"a graph wrapper serves FULL or PIECEWISE batches, not {runtime_mode}")
         self.runnable = runnable
@@ -166,6 +182,7 @@ class GraphWrapper:
         self.debug_log_enable = debug_log_enable
         # the advice vLLM Ascend puts before a stream-resource capture failure (harness.graph.capture_errors)
         self.capture_error_guidance = capture_error_guidance
+        self.weak_ref_output = weak_ref_output
         self.entries: dict[BatchDescriptor, GraphEntry] = {}
 
     def __getattr__(self, key: str) -> Any:
@@ -224,6 +241,8 @@ class GraphWrapper:
         try:
             with self.engine.graph(graph, pool=self.graph_pool):
                 output = self.runnable(*args, **kwargs)
+                if self.weak_ref_output:  # released to the pool before the capture ends
+                    output = _weak_refs(self.engine, output)
         except StreamBudgetError as error:
             original = str(error) + (f"\n{error.__cause__}" if error.__cause__ is not None else "")
             text = capture_error_text(original, self.capture_error_guidance)  # type: ignore[arg-type]
@@ -232,7 +251,8 @@ class GraphWrapper:
             raise error.reworded(text) from error
         finally:
             context.capturing = False
-        # Upstream keeps only weak references to the output (memory); the emulator's graph holds
-        # its tensors either way, so the wrapper keeps the output itself.
-        entry.graph, entry.output = graph, output
+        # the entry keeps a weak reference; the caller gets the output itself, so that the pool
+        # keeps it while the capture's caller still uses it (upstream: "we need to return the
+        # output, rather than the weak ref of the output")
+        entry.graph, entry.output = graph, _weak_refs(self.engine, output)
         return output

@@ -27,7 +27,7 @@ from harness.graph.metadata import AttentionMetadata, build_attention_metadata
 from harness.graph.modes import CUDAGraphMode
 from harness.graph.plan import PlanKind, PlannerConfig, StepPlan, StepPlanner
 from harness.graph.record import PATHS, PathError, RunRecord, StepRecord
-from harness.graph.runner import EagerRunner, Fixes, GraphRunner, RunnerConfig, StepInputs
+from harness.graph.runner import EagerRunner, Fixes, GraphRunner, Launched, RunnerConfig, StepInputs
 from harness.graph.scheduler import Batcher, ExplicitBatcher, RequestPlan, Step
 from harness.graph.shape import SINGLE_RANK, RankContext
 from harness.model import DecoderLM, ModelConfig, PagedKVCache, build_model
@@ -65,6 +65,7 @@ class GraphConfig:
     dp_padding: str = "graph_ranks"  # which DP ranks take the group's max count (vLLM Ascend PR #7297)
     spec_decode_needs_computed: bool = True  # spec decode: a fresh prompt is never uniform (PR #6835)
     capture_error_guidance: str | None = "pr9962"  # the wrapper's advice on 207008 (PR #9962)
+    async_scheduling: bool = False  # launch step i+1 before reading step i (vLLM --async-scheduling)
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankCo
         for _ in range(spec.max_steps):
             if not stepper.step(paths):
                 break
+        stepper.finish(paths["graph"])
     ran = {name: path for name, path in paths.items() if reference or name != "reference"}
     record.texts = {
         name: {req: ids[path.prompt_lengths[req]:] for req, ids in path.tokens.items()}
@@ -199,6 +201,31 @@ def _new_path(name: str, spec: PipelineSpec, model: DecoderLM, draft: DecoderLM 
                 drafter)
 
 
+#: A token the host has scheduled but not read yet (async scheduling): the device fills it in.
+PENDING_TOKEN = -1
+
+
+@dataclass
+class InFlight:
+    """The graph step launched but not read (async scheduling keeps one)."""
+
+    step: Step
+    plan: StepPlan
+    rec: StepRecord
+    launched: Launched
+    rows: dict[str, int]  # request -> its row of the step's device samples
+    placeholders: dict[str, int]  # request -> where its token to come sits in the path's text
+
+
+def _owner(step: Step | None, position: int, meta: AttentionMetadata) -> str | None:
+    """The request whose input ``position`` is (None: a padding token)."""
+    starts = meta.query_start_loc
+    for i, req in enumerate(step.requests if step else ()):
+        if starts[i] <= position < starts[i + 1]:
+            return req.req_id
+    return None
+
+
 class Stepper:
     """One step of every path: plan it (the planner), execute the plan, sample, commit."""
 
@@ -206,6 +233,14 @@ class Stepper:
                  eager: dict[str, EagerRunner], ctx: RankContext, record: RunRecord) -> None:
         self.spec, self.planners, self.runner, self.eager = spec, planners, runner, eager
         self.ctx, self.record = ctx, record
+        self.async_scheduling = spec.graph.async_scheduling
+        self.in_flight: InFlight | None = None  # the graph step launched and not yet read (async scheduling)
+        # The comparison paths run on a stream of their own: their host reads must not wait for
+        # the graph path's queued work, which would hide what async scheduling exposes. It
+        # starts after everything issued so far (the weights' copies).
+        engine = runner.engine
+        self.eager_stream = engine.Stream()
+        self.eager_stream.wait_stream(engine.current_stream())
 
     def step(self, paths: dict[str, Path]) -> bool:
         """Run one step on every path still running; False once every path has finished."""
@@ -218,7 +253,8 @@ class Stepper:
             step = path.batcher.next_step()
             plan = self._plan(name, step)
             if plan is None:  # no rank of this path has a batch now: done, or waiting for arrivals
-                pending = not path.batcher.done
+                failed = name == "graph" and not self._resolve(path, self._take_in_flight())
+                pending = not path.batcher.done and not failed
                 path.finished = not self._on_any_rank(name, pending)
                 if not path.finished:
                     path.batcher.commit(None, {}, {})
@@ -228,12 +264,17 @@ class Stepper:
             if name == "graph" or rec is None:
                 rec = self._record(step, plan, rec, path.batcher.index)
             failed = False
+            previous = self._take_in_flight() if name == "graph" else None
             try:
-                self._execute(name, path, step, plan, rec)
+                self._execute(name, path, step, plan, rec, previous)
             except Exception as error:  # noqa: BLE001 - recorded; the other paths go on
                 self.record.errors.append(PathError.of(name, path.batcher.index, "step", error,
                                                        bucket=plan.num_tokens_padded))
                 failed = True
+            # async scheduling reads a step once the next one is launched (or failed to launch)
+            failed = not self._resolve(path, previous) or failed
+            if failed:  # what was launched after a failure is not read (the device was reset)
+                self.in_flight = None
             path.finished = self._on_any_rank(name, failed)  # a peer's failure stops this rank's path too
         if rec is not None:
             self.record.steps.append(rec)
@@ -266,7 +307,8 @@ class Stepper:
             rec.sampled, rec.logits = previous.sampled, previous.logits
         return rec
 
-    def _execute(self, name: str, path: Path, step: Step | None, plan: StepPlan, rec: StepRecord) -> None:
+    def _execute(self, name: str, path: Path, step: Step | None, plan: StepPlan, rec: StepRecord,
+                 previous: InFlight | None = None) -> None:
         drafts: dict[str, list[int]] = {}
         tags = dict(step=rec.step, bucket=plan.num_tokens_padded, runtime_mode=str(plan.runtime_mode),
                     padding=plan.padded.padding_source)
@@ -281,11 +323,15 @@ class Stepper:
                     for feature in self.spec.features:
                         feature.before_forward(plan.run_shape, self.ctx, rec.step)
             with fia_call_tags(phase="step"):
+                if name == "graph" and self.async_scheduling:
+                    self._launch(path, step, plan, rec, inputs, previous)
+                    return
                 if name == "graph":
                     logits, rec.executed = self.runner.execute(plan, inputs.input_ids)
                     rec.host_lists_unverifiable = plan.runtime_mode is CUDAGraphMode.FULL and rec.executed is None
                 else:
-                    logits = self.eager[name].execute(inputs)
+                    with self.runner.engine.stream(self.eager_stream):
+                        logits = self.eager[name].execute(inputs).cpu()
         if plan.kind is PlanKind.IDLE:  # an idle DP rank ran dummies: nothing to sample
             path.batcher.commit(None, {}, {})
             return
@@ -300,6 +346,68 @@ class Stepper:
         if path.drafter is not None:
             path.drafter.rewind(step, advanced)
         path.batcher.commit(step, advanced, generated)
+
+    def _launch(self, path: Path, step: Step | None, plan: StepPlan, rec: StepRecord, inputs: StepInputs,
+                previous: InFlight | None) -> None:
+        """Async scheduling (vLLM ``--async-scheduling``): launch the step and schedule the next
+        one without reading it. Tokens of the step before that the host has not read are
+        placeholders in the inputs, filled on the device from that step's samples; this step's
+        tokens become placeholders in turn (the scheduler needs only their count: one a request)."""
+        fills = []
+        for position, token in enumerate(inputs.input_ids):
+            if token == PENDING_TOKEN:
+                owner = _owner(step, position, plan.meta)
+                if previous is None or owner not in previous.rows:
+                    raise ValueError(f"step {rec.step}: request {owner}'s last token is neither read nor in flight")
+                fills.append((position, previous.rows[owner]))
+        rows = [plan.meta.query_start_loc[i + 1] - 1 for i in range(len(step.requests))] if step else []
+        launched = self.runner.launch(plan, inputs.input_ids, fills, previous.launched if previous else None, rows,
+                                      read_back=True)
+        if plan.kind is PlanKind.IDLE or step is None:  # an idle DP rank ran dummies: nothing to sample
+            path.batcher.commit(None, {}, {})
+            return
+        placeholders: dict[str, int] = {}
+        for req in step.requests:
+            known = path.tokens[req.req_id]
+            if req.seq_len == len(known):  # the step reaches the end of the known text: a token to come
+                placeholders[req.req_id] = len(known)
+                known.append(PENDING_TOKEN)
+        self.in_flight = InFlight(step, plan, rec, launched, {r.req_id: i for i, r in enumerate(step.requests)},
+                                  placeholders)
+        path.batcher.commit(step, {r.req_id: r.num_new_tokens for r in step.requests},
+                            {r.req_id: 1 for r in step.requests})
+
+    def _take_in_flight(self) -> InFlight | None:
+        flight, self.in_flight = self.in_flight, None
+        return flight
+
+    def _resolve(self, path: Path, flight: InFlight | None) -> bool:
+        """Read a launched graph step, if any, into its record and the path's text; False (the
+        error recorded at that step) when waiting for it failed."""
+        if flight is None:
+            return True
+        rec = flight.rec
+        try:
+            with fia_call_tags(path="graph", step=rec.step, phase="step"):
+                logits, rec.executed = self.runner.resolve(flight.launched)
+        except Exception as error:  # noqa: BLE001 - a finding of that step
+            self.record.errors.append(PathError.of("graph", rec.step, "step", error,
+                                                   bucket=flight.plan.num_tokens_padded))
+            return False
+        rec.host_lists_unverifiable = flight.plan.runtime_mode is CUDAGraphMode.FULL and rec.executed is None
+        rec.logits["graph"] = logits
+        greedy = logits.argmax(dim=-1).tolist()
+        starts = flight.plan.meta.query_start_loc
+        firsts = [int(greedy[starts[i + 1] - 1]) for i in range(len(flight.step.requests))]
+        for req_id, index in flight.placeholders.items():
+            path.tokens[req_id][index] = firsts[flight.rows[req_id]]
+        rec.sampled["graph"] = firsts
+        return True
+
+    def finish(self, graph_path: Path) -> None:
+        """Read the last graph step still in flight (the steps ran out before it was read)."""
+        if not self._resolve(graph_path, self._take_in_flight()):
+            graph_path.finished = True
 
     def _drafter_fix_on(self) -> bool:
         """Off when a speculating feature has a fix switched off (the known-bad drafter)."""

@@ -52,7 +52,7 @@ from harness.ops.attention import (
     update_layers,
 )
 
-__all__ = ["AttentionStyle", "EagerRunner", "Fixes", "GraphRunner", "RunnerConfig", "StepInputs", "fia_attend"]
+__all__ = ["AttentionStyle", "EagerRunner", "Fixes", "GraphRunner", "Launched", "RunnerConfig", "StepInputs", "fia_attend"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class Fixes:
     host_param_update: bool = True  # task-group update of FIA host lists after replay
     static_inputs: bool = True  # copy inputs into the captured buffers (not a fresh tensor)
     refresh_device_buffers: bool = True  # write the lengths' device buffers before a replay (device path)
+    sync_before_replay: bool = True  # FULL host-list path: wait for the last replay before this one's update
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,22 @@ class StepInputs:
 
     meta: AttentionMetadata
     input_ids: list[int]
+
+
+@dataclass
+class Launched:
+    """A step issued to the device that the host has not waited for (vLLM's
+    ``AsyncModelRunnerOutput``): its logits and device-side samples, and where to read what its
+    FULL graph executed once it has run."""
+
+    logits: Tensor  # the real rows, on the device
+    sampled: Tensor | None = None  # the greedy token of each sampled row, on the device
+    graph: Any = None  # the FULL graph replayed, if any
+    replay: int | None = None  # which of its replays (the emulator logs each)
+    num_reqs: int = 0  # the padded request count of the replay
+    buffers: tuple[Tensor, Tensor] | None = None  # device path: copies of the lengths the replay read
+    read_back: tuple[Tensor, ...] | None = None  # host copies of logits (and buffers), filled when ready
+    ready: Any = None  # the event after those copies (async scheduling): the host waits on it only
 
 
 def _block_table(meta: AttentionMetadata, device: torch.device) -> Tensor:
@@ -194,6 +211,7 @@ class GraphRunner:
             self.query_start_loc = torch.zeros(self.max_reqs + 1, dtype=torch.int32, device=device)
             self.seq_lens = torch.zeros(self.max_reqs, dtype=torch.int32, device=device)
         self.update_stream = engine.Stream()
+        self.copy_stream = engine.Stream()  # async scheduling's read-back of each step's results
         self.streams_by_bucket: list[dict[str, Any]] = []
         # What attention keeps per captured key: FULL graphs' task groups, PIECEWISE graphs'
         # static attention outputs (the next piece's captured input).
@@ -208,11 +226,13 @@ class GraphRunner:
         # vLLM Ascend synchronizes before a FULL replay so that the host update of this step
         # cannot race the last replay (PR #4233); device buffers need no update, and vLLM's
         # CUDA graph wrapper has no such sync.
-        full_sync = not self.device_buffers
+        full_sync = not self.device_buffers and config.fixes.sync_before_replay
         self.piece_wrappers: list[GraphWrapper] = []
         pieces: list[Any] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
         if mode.has_piecewise_cudagraphs():
-            self.piece_wrappers = [GraphWrapper(p, CUDAGraphMode.PIECEWISE, **wrap) for p in pieces]
+            # only the last piece's output is used by no later graph (vLLM: weak_ref_output=is_last_graph)
+            self.piece_wrappers = [GraphWrapper(p, CUDAGraphMode.PIECEWISE, weak_ref_output=i == len(pieces) - 1,
+                                                **wrap) for i, p in enumerate(pieces)]
             pieces = list(self.piece_wrappers)
         self.pieces = pieces
         self.full_wrapper: GraphWrapper | None = None
@@ -325,16 +345,39 @@ class GraphRunner:
 
     # -- execution ---------------------------------------------------------------------------
     def execute(self, plan: StepPlan, input_ids: list[int]) -> tuple[Tensor, list[dict] | None]:
-        """Run one plan; return the real rows' logits and the host lists the graph executed."""
+        """Run one plan and wait for it; return the real rows' logits and the host lists the
+        graph executed (a step of an engine without async scheduling)."""
+        return self.resolve(self.launch(plan, input_ids))
+
+    def launch(self, plan: StepPlan, input_ids: list[int], fills: Sequence[tuple[int, int]] = (),
+               previous: Launched | None = None, sample_rows: Sequence[int] = (), *,
+               read_back: bool = False) -> Launched:
+        """Issue one plan to the device and return without waiting for it (async scheduling).
+
+        ``fills``: ``(input position, row of previous.sampled)`` pairs, the tokens of the step
+        before that the host has not read yet: they are copied on the device into the step's input
+        ids (vLLM's ``prev_sampled_token_ids``). ``sample_rows``: the logits rows whose greedy
+        token the next step may need (each request's last), sampled on the device. ``read_back``:
+        copy the results to the host on a stream of their own, behind an event (vLLM's async
+        output copy), so that waiting for this step does not wait for the steps launched after it."""
+        launched = self._launch(plan, input_ids, fills, previous, sample_rows)
+        if read_back:
+            self._read_back(launched)
+        return launched
+
+    def _launch(self, plan: StepPlan, input_ids: list[int], fills: Sequence[tuple[int, int]],
+                previous: Launched | None, sample_rows: Sequence[int]) -> Launched:
         decision = plan.decision
         meta = plan.padded
         if decision is None or decision.runtime_mode is CUDAGraphMode.NONE:
             # Eager, through the wrappers (they pass it on): fresh tensors of the batch's own size.
             args = _step_tensors(input_ids, meta, self.device)
+            self._fill_sampled(args[0], fills, previous)
             with set_forward_context(CUDAGraphMode.NONE, None, self._live(meta, _block_table(meta, self.device))):
                 logits = self.forward(*args)
-            return logits[: meta.num_actual_tokens], None
+            return self._launched(logits[: meta.num_actual_tokens], sample_rows)
         self._write_static(StepInputs(meta, input_ids))
+        self._fill_sampled(self.input_ids, fills, previous)
         key, mode = decision.batch_descriptor, decision.runtime_mode
         live = self._live(meta, self.block_table)
         if self.device_buffers and mode is CUDAGraphMode.FULL:
@@ -352,10 +395,59 @@ class GraphRunner:
             with contextlib.suppress(Exception):
                 self.engine.synchronize()
             raise
-        self.engine.synchronize()
-        executed = self._executed(self.full_wrapper.graph_of(key), meta.num_reqs_padded) \
-            if mode is CUDAGraphMode.FULL and self.full_wrapper is not None else None
-        return logits[: meta.num_actual_tokens].clone(), executed
+        # the graph's output buffer is the next replay's too: the step keeps a copy, in stream order
+        launched = self._launched(logits[: meta.num_actual_tokens].clone(), sample_rows)
+        if mode is CUDAGraphMode.FULL and self.full_wrapper is not None:
+            launched.graph = self.full_wrapper.graph_of(key)
+            launched.replay = getattr(launched.graph, "replays", None)
+            launched.num_reqs = meta.num_reqs_padded
+            if self.device_buffers:  # what this replay read, before the next step rewrites them
+                launched.buffers = (self.query_start_loc[: meta.num_reqs_padded + 1].clone(),
+                                    self.seq_lens[: meta.num_reqs_padded].clone())
+        return launched
+
+    def resolve(self, launched: Launched) -> tuple[Tensor, list[dict] | None]:
+        """Wait for a launched step: its logits on the host, and the host lists its FULL graph
+        executed (None where no FULL graph ran)."""
+        if launched.ready is None:
+            logits = launched.logits.cpu()  # a host read: the host waits for the step's stream
+        else:
+            launched.ready.synchronize()  # this step's copies, not what was launched after it
+            logits, *buffers = launched.read_back or ()
+            if launched.buffers is not None:
+                launched.buffers = (buffers[0], buffers[1])
+        executed = self._executed(launched) if launched.graph is not None else None
+        return logits, executed
+
+    def _read_back(self, launched: Launched) -> None:
+        """Queue the step's host copies on the copy stream, after the step, and an event after them."""
+        engine = self.engine
+        self.copy_stream.wait_stream(engine.current_stream())
+        with engine.stream(self.copy_stream):
+            sources = (launched.logits, *(launched.buffers or ()))
+            launched.read_back = tuple(t.to("cpu", non_blocking=True) for t in sources)
+            launched.ready = engine.Event()
+            launched.ready.record()
+
+    def _launched(self, logits: Tensor, sample_rows: Sequence[int]) -> Launched:
+        sampled = None
+        if sample_rows:  # greedy sampling on the device: the host does not wait for it
+            rows = torch.tensor(list(sample_rows), dtype=torch.int64).to(self.device, non_blocking=True)
+            sampled = logits.index_select(0, rows).argmax(dim=-1)
+        return Launched(logits, sampled)
+
+    @staticmethod
+    def _fill_sampled(input_ids: Tensor, fills: Sequence[tuple[int, int]], previous: Launched | None) -> None:
+        """Copy the previous step's sampled tokens into ``input_ids`` on the device."""
+        if not fills:
+            return
+        if previous is None or previous.sampled is None:
+            raise ValueError("the step's inputs need tokens of a previous step that sampled none on the device")
+        positions, rows = zip(*fills)
+        device = input_ids.device
+        dst = torch.tensor(positions, dtype=torch.int64).to(device, non_blocking=True)
+        src = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+        input_ids.index_copy_(0, dst, previous.sampled.index_select(0, src))
 
     def _update_full_graph_params(self, key: BatchDescriptor, kwargs: dict[str, Any]) -> None:
         """After a FULL replay was launched (it stalls at each layer's event): update every
@@ -383,12 +475,14 @@ class GraphRunner:
             # still reads the buffers it captured (never written again).
             self.input_ids, self.positions, self.slot_mapping = _step_tensors(inputs.input_ids, meta, self.device)
             return
-        # Host-to-device copies into the captured addresses (vLLM: CpuGpuBuffer.copy_to_gpu).
-        self.input_ids[:n].copy_(torch.tensor(inputs.input_ids, dtype=torch.int64))
-        self.positions[:n].copy_(torch.tensor(meta.positions, dtype=torch.int64))
-        self.slot_mapping[:n].copy_(torch.tensor(meta.slot_mapping, dtype=torch.int64))
+        # Host-to-device copies into the captured addresses, in stream order and without a host
+        # wait (vLLM: CpuGpuBuffer.copy_to_gpu, non_blocking): a replay still queued reads the old values.
+        self.input_ids[:n].copy_(torch.tensor(inputs.input_ids, dtype=torch.int64), non_blocking=True)
+        self.positions[:n].copy_(torch.tensor(meta.positions, dtype=torch.int64), non_blocking=True)
+        self.slot_mapping[:n].copy_(torch.tensor(meta.slot_mapping, dtype=torch.int64), non_blocking=True)
         self.block_table.zero_()
-        self.block_table[: meta.num_reqs_padded].copy_(torch.tensor(meta.block_table, dtype=torch.int32))
+        self.block_table[: meta.num_reqs_padded].copy_(torch.tensor(meta.block_table, dtype=torch.int32),
+                                                       non_blocking=True)
 
     def _refresh_device_buffers(self, meta: AttentionMetadata, *, kv_lengths: bool = True) -> None:
         """Write the step's lengths into the device buffers the FULL graph reads (vLLM's
@@ -399,9 +493,10 @@ class GraphRunner:
         KV lengths keep what the capture wrote, as FIA's host lists do without their update."""
         n = meta.num_reqs_padded
         starts = list(meta.query_start_loc) + [meta.query_start_loc[-1]] * (self.max_reqs - n)
-        self.query_start_loc.copy_(torch.tensor(starts, dtype=torch.int32))
+        self.query_start_loc.copy_(torch.tensor(starts, dtype=torch.int32), non_blocking=True)
         if kv_lengths:
-            self.seq_lens.copy_(torch.tensor(list(meta.seq_lens) + [0] * (self.max_reqs - n), dtype=torch.int32))
+            self.seq_lens.copy_(torch.tensor(list(meta.seq_lens) + [0] * (self.max_reqs - n), dtype=torch.int32),
+                                non_blocking=True)
             self._kv_lengths = list(meta.seq_lens) + [0] * (self.max_reqs - n)
         self._buffer_lists = (list(meta.actual_seq_lengths), self._kv_lengths[:n])
 
@@ -414,20 +509,20 @@ class GraphRunner:
                 observe_device_lengths(key.num_tokens, cumulative, kv, tuple(self.block_table.shape),
                                        self.heads.block_size)
 
-    def _executed(self, graph: Any, num_reqs: int) -> list[dict] | None:
-        """The lengths each layer's attention ran with in this replay, where they can be known:
-        the emulator reads them off the ops it ran; device buffers are read back (nothing writes
-        them between a replay and this synchronized read); else None (the text is the evidence)."""
+    def _executed(self, launched: Launched) -> list[dict] | None:
+        """The lengths each layer's attention ran with in the launched replay, where they can be
+        known: the emulator reads them off the ops it ran; device buffers are read from the copy
+        taken right after the replay; else None (the text is the evidence)."""
         names = ("actual_seq_lengths", "actual_seq_lengths_kv")
+        graph, num_reqs = launched.graph, launched.num_reqs
         if self.engine.capabilities.reports_executed_arguments:
             if not self.device_buffers:  # the host lists each FIA ran with, whole
-                return self.engine.executed_host_arguments(graph, FIA_OP_NAME, names)
+                return self.engine.executed_host_arguments(graph, FIA_OP_NAME, names, replay=launched.replay)
             # the buffers' request slots past the padded count are unused (zero-length queries)
-            ran = self.engine.executed_host_arguments(graph, DEVICE_METADATA_OP_NAME, names)
+            ran = self.engine.executed_host_arguments(graph, DEVICE_METADATA_OP_NAME, names, replay=launched.replay)
             return [{name: list(entry[name])[:num_reqs] for name in names} for entry in ran]
-        if self.device_buffers:
-            starts = self.query_start_loc[: num_reqs + 1].tolist()
-            kv = self.seq_lens[:num_reqs].tolist()
+        if launched.buffers is not None:
+            starts, kv = (buffer.tolist() for buffer in launched.buffers)
             return [{"actual_seq_lengths": starts[1:], "actual_seq_lengths_kv": kv}] * self.model.config.num_layers
         return None
 

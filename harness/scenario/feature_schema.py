@@ -27,6 +27,9 @@ CORE_FIXES = {
     "static_inputs": "Copy inputs into the static buffers before replay (false: write to a fresh tensor).",
     "refresh_device_buffers": "Refresh the device buffer of the per-request KV lengths (seq_lens) before each "
                               "FULL replay on the device-buffer attention path (false: it keeps the capture's).",
+    "sync_before_replay": "Synchronize the current stream before a FULL replay whose host lists are updated after "
+                          "it (vLLM Ascend PR #4233; false: with async scheduling the update of one step races the "
+                          "replay of the step before).",
 }
 
 

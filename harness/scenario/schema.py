@@ -220,6 +220,10 @@ class GraphSpec(_Base):
         default="auto", description="Where FULL graphs keep attention's lengths: host lists updated in the graph "
         "after each replay (ACL graph task groups), device buffers refreshed before each replay (FlashAttention "
         "on CUDA), or auto: host lists where the engine can update them, device buffers elsewhere.")
+    async_scheduling: bool = Field(
+        default=False, description="vLLM's async scheduling (--async-scheduling): the host schedules and launches "
+        "step i+1 before it has read step i's tokens, which the device copies into the next inputs itself; the "
+        "host reads each step's results one step late. Not with speculative decoding (not modelled).")
     debug_input_addresses: bool = Field(
         default=False, description="Check at every replay that each input is at its captured address and "
         "raise when not (vLLM's debug mode, VLLM_LOGGING_LEVEL=DEBUG); off by default, as upstream.")

@@ -36,6 +36,43 @@ def test_shared_pool_reuses_intermediates_but_never_outputs(npu):
     assert torch.equal(out_small, torch.tanh(x[:32] @ x) + 1)
 
 
+def test_a_block_no_tensor_holds_is_reused_within_the_same_capture(npu):
+    x = torch.randn(16, 16)
+    g = npu.NPUGraph()
+    with npu.graph(g):
+        first = x * 2
+        address = first.data_ptr()
+        del first  # the caching allocator frees it here, mid-capture
+        second = x * 3
+        assert second.data_ptr() == address
+        kept = x * 4
+        assert kept.data_ptr() != second.data_ptr()  # a live tensor's block is never handed out
+    g.replay()
+    npu.synchronize()
+    assert torch.equal(second, x * 3) and torch.equal(kept, x * 4)
+
+
+@pytest.mark.parametrize("hold", [True, False], ids=["held", "weak-ref-only"])
+def test_an_output_only_weakly_referenced_is_recycled_by_the_next_capture(npu, hold):
+    """vLLM keeps graph outputs as weak references: the pool may give their memory to the next
+    capture, and reading one after another graph of the pool replayed reads that graph's data."""
+    x = torch.ones(8)
+    pool = npu.graph_pool_handle()
+    first, out = _capture(npu, lambda: x + 1, pool)
+    weak = npu.weak_ref_tensor(out)
+    if not hold:
+        del out
+    second, other = _capture(npu, lambda: x * 5, pool)
+    assert (other.data_ptr() == weak.data_ptr()) is not hold
+    first.replay()
+    npu.synchronize()
+    assert weak.tolist() == [2.0] * 8  # read right after its own replay: correct
+    second.replay()
+    npu.synchronize()
+    # read after the pool's next graph replayed: its own values if held, else the other graph's
+    assert weak.tolist() == ([2.0] * 8 if hold else [5.0] * 8)
+
+
 def test_separate_pools_do_not_share(npu):
     x = torch.randn(32, 32)
     a, _ = _capture(npu, lambda: torch.relu(x @ x) @ x)

@@ -71,14 +71,14 @@ def test_minimal_file_gets_defaults(tmp_path):
     g = s.graph
     assert (g.mode, g.capture_sizes, g.max_num_seqs, g.num_speculative_tokens) == ("FULL", None, 8, 0)
     assert (g.platform, g.max_capture_size, g.warmup_runs) == ("npu", None, 1)
-    assert (g.attention_backend, g.attention_metadata) == ("ascend", "auto")
+    assert (g.attention_backend, g.attention_metadata, g.async_scheduling) == ("ascend", "auto", False)
     w = s.workload
     assert w.steps is None and w.max_num_batched_tokens == 512 and w.prompt_seed == 0
     (r,) = w.requests
     assert (r.prompt_len, r.output_len, r.arrival_step, r.repeat) == (5, 3, 0, 1)
     assert s.fixes.model_dump() == dict.fromkeys(
         ["device_placement", "fia_padding", "host_param_update", "static_inputs", "refresh_device_buffers",
-         "sp_padding", "dp_sync",
+         "sync_before_replay", "sp_padding", "dp_sync",
          "drafter_unpadded", "cp_kv_padding"], True)
     f = s.features
     assert (f.sp.tp, f.dp.size, f.dp.batches, f.mtp.k, f.cp.size) == (1, 1, "equal", 0, 1)

@@ -20,6 +20,7 @@ from .graph import TaskGroupHandle, TaskUpdateMode, graph_context, task_group_be
 from . import collectives, rng
 from .pool import PoolHandle
 from .recorder import register_observed_op, register_updatable_op
+from .streams import Event as _Event
 from .streams import ExternalEvent
 from .streams import Stream as _Stream
 
@@ -149,6 +150,12 @@ def Stream(priority: int = 0) -> _Stream:  # noqa: N802,F811 - torch.npu.Stream(
     return _device.new_stream()
 
 
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> _Event:  # noqa: N802
+    """``torch.npu.Event()``: a point in a stream the host can wait for."""
+    del enable_timing, blocking, interprocess
+    return _Event(_device.scheduler, lambda: _device.current_stream)
+
+
 def current_stream() -> _Stream:
     return _device.current_stream
 
@@ -169,7 +176,7 @@ def synchronize() -> None:
 
 
 __all__ = [
-    "ExternalEvent", "NPUGraph", "Stream", "current_stream", "device", "device_work", "graph", "graph_pool_handle",
+    "Event", "ExternalEvent", "NPUGraph", "Stream", "current_stream", "device", "device_work", "graph", "graph_pool_handle",
     "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
     "graph_task_update_end", "register_observed_op", "register_updatable_op", "stream", "synchronize",
     "manual_seed", "initial_seed", "get_rng_state", "set_rng_state", "weak_ref_tensor",

@@ -1,21 +1,29 @@
-"""Streams, external events and the scheduler that runs queued device work.
+"""Streams, events and the scheduler that runs queued device work.
 
 A device runs its work asynchronously: the host issues it to a stream and goes on, and the work
 runs later, in stream order, ordered across streams only by events. The bugs this harness hunts
 live in that gap (a host-parameter update on an update stream racing the replay it is meant for,
 a static buffer rewritten before the replay that reads it has run), so the emulated device keeps
-it: a stream is a FIFO queue of work items, and queued work runs only when the host waits for
-it: ``synchronize()``, ``Stream.synchronize()``, a host read of device memory or a blocking copy
-(:mod:`.tensors`). Until then the host sees nothing of it. A work item is a generator that yields
-a :class:`WaitFor` whenever it reaches an event wait; at a wait point the scheduler advances
-every stream as far as events allow, each stream in turn as far as it goes (so a stream with no
-waits, such as an update stream, runs ahead of a replay that waits on it, which is one of the
-orders a device may take). Work that can never be unblocked is reported at the wait point as a
-hang that names the graph and the operation it is stuck at, instead of running with stale values.
+it: a stream is a FIFO queue of work items, and a graph replay is queued until the host waits
+for it: ``synchronize()``, ``Stream.synchronize()``, ``Event.synchronize()``, a host read of
+device memory or a blocking copy (:mod:`.tensors`). Until then the host sees nothing of it. A
+work item is a generator that yields a :class:`WaitFor` whenever it reaches an event wait.
 
-An eager operation issued while its stream has no queued work runs at once: nothing on that
-stream can come before it, and no other stream's work is ordered against it without an event,
-so running it now is an order the device may take too (and the cheap one).
+The order the emulator picks is the one a busy device takes, which is where races show:
+
+* **The device is behind the host on compute.** A replay runs only when the host waits for it,
+  and a host wait runs no more than it needs: the stream waited for, item by item, and, where
+  that stream stops at an event wait, the other streams one item at a time, round robin, until
+  the event is recorded. Work queued after what the host waits for stays queued (under async
+  scheduling the host launches step i+1 while step i still runs).
+* **Work with no waits on an idle stream runs at once**: an eager operation, a task-group update
+  (host values patched into a captured op), an event record. Nothing on that stream comes before
+  it, and nothing on another stream is ordered against it without an event; it is cheap, and a
+  device does it as soon as it is issued, ahead of a replay queued on another stream (so an
+  update issued for step i+1 lands before step i's replay has run, if nothing made the host wait).
+
+Work that can never be unblocked is reported as a hang that names the graph and the operation
+it is stuck at, instead of running with stale values.
 """
 
 from __future__ import annotations
@@ -61,6 +69,11 @@ class Scheduler:
         self._streams: list[Stream] = []
         self._running = False
 
+    @property
+    def busy(self) -> bool:
+        """Queued work is running now (work issued from it waits its turn)."""
+        return self._running
+
     def register(self, stream: "Stream") -> None:
         self._streams.append(stream)
 
@@ -81,36 +94,54 @@ class Scheduler:
                 while progress:
                     progress = False
                     for stream in self._streams:
-                        progress |= self._advance(stream)
+                        while self._step(stream):
+                            progress = True
         finally:
             self._running = False
 
     @staticmethod
-    def _advance(stream: "Stream") -> bool:
-        moved = False
-        while stream.queue:
-            item = stream.queue[0]
-            if item.waiting is not None:
-                if not item.waiting.event.is_recorded:
-                    return moved
-                item.waiting = None
-            try:
-                item.waiting = next(item.steps)
-            except StopIteration:
-                stream.queue.popleft()
-            moved = True
-        return moved
+    def _step(stream: "Stream") -> bool:
+        """Run the head item of ``stream`` to its next wait (or its end); False if it cannot move."""
+        if not stream.queue:
+            return False
+        item = stream.queue[0]
+        if item.waiting is not None:
+            if not item.waiting.event.is_recorded:
+                return False
+            item.waiting = None
+        try:
+            item.waiting = next(item.steps)
+        except StopIteration:
+            stream.queue.popleft()
+        return True
 
     def pending(self) -> list[tuple["Stream", WorkItem]]:
         return [(s, item) for s in self._streams for item in s.queue]
 
     def drain(self, stream: "Stream") -> None:
-        """The host waits for ``stream``: run queued work until that stream's queue is empty
-        (other streams run as far as they can on the way); a hang if it can never empty."""
-        if not stream.queue:
+        """The host waits for ``stream``: run its queued work, in order, until its queue is empty,
+        and of the other streams only what records the events it waits on (the module docstring)."""
+        self._wait_until(lambda: not stream.queue, stream)
+
+    def wait_for(self, event: "Event") -> None:
+        """The host waits until ``event`` is recorded (``Event.synchronize()``)."""
+        self._wait_until(lambda: event.is_recorded, None)
+
+    def _wait_until(self, done: Callable[[], bool], stream: "Stream | None") -> None:
+        if done() or self._running:
             return
-        self.run()
-        if stream.queue:
+        self._running = True
+        try:
+            with _disable_current_modes():
+                while not done():
+                    if stream is not None and self._step(stream):
+                        continue
+                    # stuck at a wait (or waiting on no stream): one item of every other stream
+                    if not any([self._step(other) for other in self._streams if other is not stream]):
+                        break
+        finally:
+            self._running = False
+        if not done():
             self._hang(self.pending())
 
     def synchronize(self) -> None:
@@ -157,7 +188,11 @@ class Stream:
         self._scheduler.enqueue(self, label, steps)
 
     def launch_host_fn(self, label: str, fn: Callable[[], None]) -> None:
-        """Queue a piece of work with no waits (an update, an event record)."""
+        """Issue a piece of work with no waits (an update, an event record, a queued operation):
+        at once on an idle stream, else queued behind the stream's work."""
+        if not self.queue and not self._scheduler.busy:
+            fn()
+            return
 
         def steps() -> Iterator[WaitFor]:
             fn()
@@ -204,7 +239,7 @@ class ExternalEvent:
     def wait(self, stream: Stream) -> None:
         if stream.capture is not None:
             stream.capture.add_event_node("wait", self)
-        else:
+        elif stream.queue or not self.is_recorded:  # (an idle stream passes a recorded event at once)
             stream.launch(f"wait {self}", self.wait_steps(f"a wait on {stream}"))
 
     def reset(self, stream: Stream) -> None:
@@ -222,3 +257,40 @@ class ExternalEvent:
 
     def _clear(self) -> None:
         self.is_recorded = False
+
+
+class Event:
+    """``torch.npu.Event`` / ``torch.cuda.Event``: a point in a stream the host can wait for.
+
+    ``record`` marks the current end of a stream; ``synchronize`` makes the host wait until the
+    device has reached it, and runs no more than that (async scheduling reads step i this way
+    while step i+1 is still queued)."""
+
+    def __init__(self, scheduler: Scheduler, current: Callable[[], Stream]) -> None:
+        self._scheduler, self._current = scheduler, current
+        self.is_recorded = True  # an event never recorded is complete, as torch's
+
+    def record(self, stream: Stream | None = None) -> None:
+        stream = stream or self._current()
+        if stream.capture is not None:
+            raise RuntimeError("Event.record inside a graph capture: use ExternalEvent (a node of the graph)")
+        self.is_recorded = False
+        stream.launch_host_fn(f"record {self!r}", self._set)
+
+    def synchronize(self) -> None:
+        self._scheduler.wait_for(self)
+
+    def query(self) -> bool:
+        return self.is_recorded
+
+    def wait(self, stream: Stream | None = None) -> None:
+        stream = stream or self._current()
+        if stream.queue or not self.is_recorded:  # (an idle stream passes a recorded event at once)
+            stream.launch(f"wait {self!r}", self._wait_steps(f"a wait on {stream}"))
+
+    def _wait_steps(self, where: str) -> Iterator[WaitFor]:
+        if not self.is_recorded:
+            yield WaitFor(self, where)  # type: ignore[arg-type]
+
+    def _set(self) -> None:
+        self.is_recorded = True

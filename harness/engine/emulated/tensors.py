@@ -343,6 +343,8 @@ def _dispatch_call(func: torch._ops.OpOverload, rule: _OpRule, args: tuple, kwar
     device = _Hooks.device
     if device is not None:
         stream = device.current_stream
+        if call.to_host and stream.queue and _non_blocking_read(func, rule, args, kwargs):
+            return _queued_to_host(func, rule, args, kwargs or {}, call, stream, device)
         if host_read or (call.host is not None and rule.name == "aten::copy_" and not non_blocking(args, kwargs)):
             device.scheduler.drain(stream)  # the host waits for the stream (a sync point)
         elif stream.queue:
@@ -403,6 +405,30 @@ def _queued(func: torch._ops.OpOverload, rule: _OpRule, args: tuple, kwargs: dic
     stream.launch_host_fn(f"{rule.name} (queued)", run)
     device.kernels += 1
     return _wrap_result(outputs, rule, args, kwargs, device)
+
+
+def _non_blocking_read(func: torch._ops.OpOverload, rule: _OpRule, args: tuple, kwargs: dict | None) -> bool:
+    """A copy to the host that does not make the host wait (``.to("cpu", non_blocking=True)``,
+    ``host.copy_(device, non_blocking=True)``)."""
+    if rule.name == "aten::copy_":
+        return non_blocking(args, kwargs)
+    return func is torch.ops.aten._to_copy.default and bool(kwargs and kwargs.get("non_blocking"))
+
+
+def _queued_to_host(func: torch._ops.OpOverload, rule: _OpRule, args: tuple, kwargs: dict, call: Call,
+                    stream: Any, device: Any) -> Tensor:
+    """A copy to host memory issued behind queued work: the host tensor exists at once and is
+    filled when the stream reaches the copy (read it before then and it holds what was there)."""
+    launch_args, launch_kwargs = frozen_args(tuple(call.data_args)), dict(call.data_kwargs)
+    if rule.name == "aten::copy_":
+        out = args[0]
+        stream.launch_host_fn("aten::copy_ to host (queued)", lambda: out.copy_(launch_args[1]))
+    else:
+        out = _allocate(infer_outputs(func, launch_args, launch_kwargs))
+        stream.launch_host_fn("aten::_to_copy to host (queued)",
+                              lambda: out.copy_(func(*launch_args, **launch_kwargs)))
+    device.kernels += 1
+    return out
 
 
 def _aliased(rule: _OpRule, args: tuple, kwargs: dict) -> Any:
