@@ -48,6 +48,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import CaptureError
+from .opinfo import OpKwargs
 
 #: ``"lazy"`` (torch_npu master): generators register themselves on first use in a capture.
 #: ``"explicit"`` (before 42c2f77d7): a non-default generator must be registered first.
@@ -174,7 +175,7 @@ def register_generator_state(graph: Any, generator: torch.Generator) -> None:
     _registered.setdefault(graph, []).append(generator)
 
 
-def random_op_generator(capture: Any, schema_name: str, kwargs: dict) -> torch.Generator | None:
+def random_op_generator(capture: Any, schema_name: str, kwargs: OpKwargs) -> torch.Generator | None:
     """Vet a random op being captured; return the live generator the replay must draw from.
 
     Raises :class:`CaptureError` (and invalidates the capture) when random ops are not allowed
@@ -184,7 +185,7 @@ def random_op_generator(capture: Any, schema_name: str, kwargs: dict) -> torch.G
     if not capture.allow_rng:
         _fail(capture, f"{schema_name} draws random numbers inside the capture of {capture.graph_name}; a real "
                        "graph must register the generator state (pass allow_rng=True to capture it)")
-    generator = kwargs.get("generator")
+    generator: torch.Generator | None = kwargs.get("generator")
     if generator is None:
         return None
     owner = capture.owner() if capture.owner is not None else None

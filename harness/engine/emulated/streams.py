@@ -36,6 +36,7 @@ from typing import Callable, Iterator, Protocol
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import GraphHangError
+from ..protocol import DeviceStream
 
 _event_ids = itertools.count()
 _stream_ids = itertools.count()
@@ -216,6 +217,14 @@ class Stream:
         marker.wait(self)
 
 
+def own(stream: DeviceStream) -> Stream:
+    """``stream`` as a stream of this device (the engine seam hands streams out as
+    :class:`~harness.engine.protocol.DeviceStream`): another engine's is refused by name."""
+    if isinstance(stream, Stream):
+        return stream
+    raise TypeError(f"{stream!r} is not a stream of the emulated device")
+
+
 @dataclass(eq=False)
 class ExternalEvent:
     """torch_npu's ``ExternalEvent``: recorded by one stream, waited on by another.
@@ -230,19 +239,22 @@ class ExternalEvent:
     def __repr__(self) -> str:
         return f"ExternalEvent#{self.id}"
 
-    def record(self, stream: Stream) -> None:
+    def record(self, stream: DeviceStream) -> None:
+        stream = own(stream)
         if stream.capture is not None:
             stream.capture.add_event_node("record", self)
         else:
             stream.launch_host_fn(f"record {self}", self._set)
 
-    def wait(self, stream: Stream) -> None:
+    def wait(self, stream: DeviceStream) -> None:
+        stream = own(stream)
         if stream.capture is not None:
             stream.capture.add_event_node("wait", self)
         elif stream.queue or not self.is_recorded:  # (an idle stream passes a recorded event at once)
             stream.launch(f"wait {self}", self.wait_steps(f"a wait on {stream}"))
 
-    def reset(self, stream: Stream) -> None:
+    def reset(self, stream: DeviceStream) -> None:
+        stream = own(stream)
         if stream.capture is not None:
             stream.capture.add_event_node("reset", self)
         else:
