@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -36,6 +36,9 @@ from harness.ops.contract import (
     shape_violation,
 )
 from harness.ops.observe import FiaCall, FiaCallKind, current_tags, record_fia_call
+
+if TYPE_CHECKING:  # the type only: harness.ops imports no backend
+    from harness.engine.protocol import Engine
 
 NativeFn = Callable[..., Any]
 
@@ -73,7 +76,7 @@ def get_native_impl() -> tuple[NativeFn | None, NativeFn | None, NativeFn | None
     return _native.functional, _native.out, _native.workspace
 
 
-def register_updatable_ops(engine: Any) -> None:
+def register_updatable_ops(engine: Engine) -> None:
     """Tell an engine that reads its own graphs (``capabilities.reports_executed_arguments``: the
     emulator) which ops' host lists a graph update may replace
     (:data:`~harness.ops.library.UPDATABLE_OP_NAMES`), and what the device-metadata attention
