@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -201,7 +201,7 @@ class _Observed:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> Literal[False]:
         error = None if exc is None else f"{type(exc).__name__}: {exc}"
         record_fia_call(FiaCall(**self._fields, error=error, tags=current_tags()))  # type: ignore[arg-type]
         return False
