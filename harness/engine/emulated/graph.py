@@ -233,6 +233,7 @@ def task_group_end(device: EmulatedDevice, stream: Stream) -> TaskGroupHandle:
     if not isinstance(capture, Capture):
         raise CaptureError("graph_task_group_end outside a capture")
     group = capture.end_group()
+    assert capture.owner is not None  # set by the graph's capture_begin
     return TaskGroupHandle(capture.owner, group)
 
 

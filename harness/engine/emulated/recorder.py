@@ -30,8 +30,9 @@ does; what happens to each op:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal, Self
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Self
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -42,6 +43,9 @@ from .opinfo import BOOL_INDEX_OPS, OP_INFO, OpArgs, OpInfo, OpKwargs, TensorSpe
     op_info, tensors_in
 from .pool import Block, MemoryPool
 from .streams import ExternalEvent, WaitFor
+
+if TYPE_CHECKING:  # the graph imports this module
+    from .graph import NPUGraph
 
 NodeKind = Literal["functional", "mutating", "view", "allocation"]
 
@@ -145,7 +149,7 @@ class Capture:
         self.groups: dict[int, list[int]] = {}
         self._open_group: int | None = None
         self.failed: CaptureError | None = None
-        self.owner: Any = None  # weak reference to the graph being captured
+        self.owner: weakref.ref[NPUGraph] | None = None  # the graph being captured
         self.kernels = 0  # device operations recorded (views and allocations launch none)
         self.host_ops = 0  # operations that ran on the host instead
         self.host_ops_named: list[str] = []

@@ -188,7 +188,7 @@ class Stream:
     def launch(self, label: str, steps: Iterator[WaitFor]) -> None:
         self._scheduler.enqueue(self, label, steps)
 
-    def launch_host_fn(self, label: str, fn: Callable[[], None]) -> None:
+    def launch_host_fn(self, label: str, fn: Callable[[], object]) -> None:  # (what fn returns is dropped)
         """Issue a piece of work with no waits (an update, an event record, a queued operation):
         at once on an idle stream, else queued behind the stream's work."""
         if not self.queue and not self._scheduler.busy:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, SupportsIndex, cast
+from typing import TYPE_CHECKING, Any, SupportsIndex, cast
 
 import torch
 from torch import Tensor
@@ -40,6 +40,10 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UnsupportedOnBackend
+if TYPE_CHECKING:  # the device imports this module's users
+    from .device import EmulatedDevice
+    from .pool import Block
+    from .streams import Stream
 from .opinfo import OpArgs, OpKwargs, TensorSpec, frozen_args, infer_outputs, op_info
 
 DEVICE_TYPE = "npu"
@@ -111,7 +115,7 @@ class DeviceTensor(torch.Tensor):
     """
 
     _data: Tensor
-    _block: Any = None  # set only for graph-pool memory (most tensors have none)
+    _block: Block | None = None  # set only for graph-pool memory (most tensors have none)
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # torch's stub types the impl as a plain function, not the classmethod protocol it serves
 
@@ -152,7 +156,7 @@ def _rebuild(data: Tensor) -> Tensor:
     return wrap(data)
 
 
-def wrap(data: Tensor, block: Any = None) -> DeviceTensor:
+def wrap(data: Tensor, block: Block | None = None) -> DeviceTensor:
     """``data`` (a host tensor) as device memory; ``block``: the graph-pool block it lives in."""
     assert DEVICE is not None, "install() registers the device first"
     tensor = _make_wrapper(DeviceTensor, data.size(), strides=data.stride(), storage_offset=data.storage_offset(),
@@ -191,10 +195,10 @@ class _Hooks:
     The api module installs the live device here (:func:`attach`); until then operations run at
     once, with nothing counted."""
 
-    device: Any = None
+    device: EmulatedDevice | None = None
 
 
-def attach(device: Any) -> None:
+def attach(device: EmulatedDevice) -> None:
     _Hooks.device = device
 
 
@@ -358,7 +362,7 @@ def _dispatch_call(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwa
     return _wrap_result(result, rule, args, kwargs, device)
 
 
-def _wrap_result(result: Any, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | None, device: Any) -> Any:
+def _wrap_result(result: Any, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | None, device: EmulatedDevice | None) -> Any:
     if type(result) is Tensor:
         return _wrap_one(result, 0, rule, args, kwargs, device)
     if isinstance(result, (tuple, list)):
@@ -367,7 +371,7 @@ def _wrap_result(result: Any, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | No
     return result
 
 
-def _wrap_one(result: Tensor, index: int, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | None, device: Any) -> Tensor:
+def _wrap_one(result: Tensor, index: int, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | None, device: EmulatedDevice | None) -> Tensor:
     if rule.writes:
         source = rule.aliases[index] if index < len(rule.aliases) else -1
         if source != -1:
@@ -384,7 +388,7 @@ def _wrap_one(result: Tensor, index: int, rule: _OpRule, args: OpArgs, kwargs: O
 
 
 def _queued(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwargs: OpKwargs, data_args: list[Any],
-            data_kwargs: OpKwargs, stream: Any, device: Any) -> Any:
+            data_kwargs: OpKwargs, stream: Stream, device: EmulatedDevice) -> Any:
     """An operation issued to a stream with queued work: it runs when the stream reaches it.
 
     Its outputs exist at once (a device allocates before it launches); what it reads is read
@@ -417,7 +421,7 @@ def _non_blocking_read(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs,
 
 
 def _queued_to_host(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwargs: OpKwargs, call: Call,
-                    stream: Any, device: Any) -> Tensor:
+                    stream: Stream, device: EmulatedDevice) -> Tensor:
     """A copy to host memory issued behind queued work: the host tensor exists at once and is
     filled when the stream reaches the copy (read it before then and it holds what was there)."""
     launch_args, launch_kwargs = frozen_args(tuple(call.data_args)), dict(call.data_kwargs)
