@@ -31,10 +31,10 @@ from pydantic_core import core_schema
 
 from . import bounds as L
 from harness.graph.capability import ATTENTION_BACKENDS
-from harness.graph.kv_slots import kv_slots
 from harness.graph.modes import CUDAGraphMode
 from harness.names import CheckName as _CheckName
 from harness.stacks import DEFAULT_STACK, stack_names
+from harness.features import registry
 from harness.scenario.feature_schema import build_features_model, build_fixes_model
 
 __all__ = [
@@ -697,105 +697,114 @@ class Scenario(_Base):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Scenario":
-        issues: list[tuple[Loc, str]] = []
-        # features.mtp.k is canonical; graph.num_speculative_tokens mirrors it.
-        g_given = "num_speculative_tokens" in self.graph.model_fields_set
-        k_given = "k" in self.features.mtp.model_fields_set
-        g, k = self.graph.num_speculative_tokens, self.features.mtp.k
-        if g_given and k_given and g != k:
-            issues.append(
-                (
-                    ("graph", "num_speculative_tokens"),
-                    f"num_speculative_tokens {g} differs from features.mtp.k {k}",
-                )
-            )
-        elif g_given and not k_given:
-            self.features.mtp.k = g
-        elif k_given and not g_given:
-            self.graph.num_speculative_tokens = k
-        sizes, top = self.graph.capture_sizes, self.graph.max_capture_size
-        if sizes and top is not None:
-            # vLLM refuses both settings when they disagree; sizes above max_num_batched_tokens
-            # are dropped first (SP's filter is applied by the preflight, which sees the features)
-            kept = [s for s in sizes if s <= self.workload.max_num_batched_tokens]
-            if kept and kept[-1] != top:
-                issues.append((("graph", "max_capture_size"),
-                               f"customized max_cudagraph_capture_size(={top}) should be consistent with the "
-                               f"max value of cudagraph_capture_sizes(={kept[-1]}): give one of the two"))
-        max_len = self.model.max_model_len
-        k, budget = self.features.mtp.k, self.workload.max_num_batched_tokens
-        if self.workload.requests and 1 + k > budget:
-            issues.append((("workload", "max_num_batched_tokens"),
-                           f"a decode step of one request takes 1 + k = {1 + k} tokens (features.mtp.k {k}), "
-                           f"above max_num_batched_tokens {budget}: no request would ever decode"))
-        for i, r in enumerate(self.workload.requests or []):
-            if r.arrival_step >= self.steps:
-                issues.append(
-                    (
-                        ("workload", "requests", i, "arrival_step"),
-                        f"the request arrives at step {r.arrival_step}, after the last step "
-                        f"(steps is {self.steps}): it would never run",
-                    )
-                )
-            if r.prompt_len > budget:
-                issues.append(
-                    (
-                        ("workload", "requests", i, "prompt_len"),
-                        f"prompt_len {r.prompt_len} is above workload.max_num_batched_tokens {budget}: the "
-                        "harness prefills a prompt in one step (no chunked prefill; vLLM without it "
-                        "refuses such a request too), so it would never be scheduled",
-                    )
-                )
-            slots = kv_slots(r.prompt_len, r.output_len, 1 + k)
-            if r.prompt_len + r.output_len > max_len:
-                issues.append(
-                    (
-                        ("workload", "requests", i),
-                        f"prompt_len {r.prompt_len} + output_len {r.output_len} = "
-                        f"{r.prompt_len + r.output_len} exceeds model.max_model_len {max_len}",
-                    )
-                )
-            elif slots > max_len:
-                issues.append(
-                    (
-                        ("workload", "requests", i),
-                        f"with features.mtp.k {k} the request's last decode step writes KV for its drafts "
-                        f"too: prompt_len + output_len - 1 + k = {slots} slots, above model.max_model_len "
-                        f"{max_len} (vLLM trims drafts at max_model_len, this harness does not): "
-                        f"lower output_len by {slots - max_len} or raise max_model_len",
-                    )
-                )
-        if self.workload.steps and len(self.workload.steps) > self.steps:
-            issues.append(
-                (
-                    ("workload", "steps"),
-                    f"{len(self.workload.steps)} explicit steps, but steps is {self.steps}: the "
-                    "later ones would never run",
-                )
-            )
-        if self.workload.steps:
-            totals: dict[str, int] = {}
-            for step in self.workload.steps:
-                for e in step:
-                    totals[str(e.req)] = totals.get(str(e.req), 0) + e.new_tokens
-            for req, total in totals.items():
-                if total > max_len:
-                    issues.append(
-                        (
-                            ("workload", "steps"),
-                            f"request {req!r} reaches {total} tokens, above model.max_model_len "
-                            f"{max_len}",
-                        )
-                    )
-            issues.extend(_explicit_blocks_issue(self.workload.steps, totals, self.model))
+        """The rules across sections, each a named step; a feature's own are its
+        (``Feature.mirrors``, ``Feature.scenario_issues``)."""
+        issues = [*_mirror_issues(self), *_capture_size_issues(self), *_feature_issues(self),
+                  *_request_issues(self), *_explicit_step_issues(self)]
         if issues:
             raise ConsistencyError(issues)
         return self
 
-    # conveniences for consumers
-    @property
-    def spec_tokens(self) -> int:
-        return self.features.mtp.k
+
+def _mirror_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
+    """A field that mirrors a feature's setting follows it, or it follows the field: either may
+    be given; given both, they must agree (the setting is canonical)."""
+    issues: list[tuple[Loc, str]] = []
+    for name, cls in registry().items():
+        section = getattr(scenario.features, name, None)
+        for path, setting in cls.mirrors.items():
+            *parents, leaf = path.split(".")
+            holder: Any = scenario
+            for part in parents:
+                holder = getattr(holder, part)
+            if section is None or holder is None:
+                continue
+            mirror_given = leaf in holder.model_fields_set
+            setting_given = setting in section.model_fields_set
+            mirror, value = getattr(holder, leaf), getattr(section, setting)
+            if mirror_given and setting_given and mirror != value:
+                issues.append((tuple(path.split(".")),
+                               f"{leaf} {mirror} differs from features.{name}.{setting} {value}"))
+            elif mirror_given and not setting_given:
+                setattr(section, setting, mirror)
+            elif setting_given and not mirror_given:
+                setattr(holder, leaf, value)
+    return issues
+
+
+def _capture_size_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
+    """Explicit capture sizes and a max capture size must agree, as vLLM refuses both otherwise;
+    sizes above max_num_batched_tokens are dropped first (the filters of the features are
+    applied by the preflight, which sees them)."""
+    sizes, top = scenario.graph.capture_sizes, scenario.graph.max_capture_size
+    if not sizes or top is None:
+        return []
+    kept = [s for s in sizes if s <= scenario.workload.max_num_batched_tokens]
+    if kept and kept[-1] != top:
+        return [(("graph", "max_capture_size"),
+                 f"customized max_cudagraph_capture_size(={top}) should be consistent with the "
+                 f"max value of cudagraph_capture_sizes(={kept[-1]}): give one of the two")]
+    return []
+
+
+def _feature_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
+    """Every enabled feature's own cross-field rules (``Feature.scenario_issues``)."""
+    issues: list[tuple[Loc, str]] = []
+    fixes = dict(scenario.fixes)
+    for name, cls in registry().items():
+        section = getattr(scenario.features, name, None)
+        if section is None:
+            continue
+        feature = cls(section, fixes)
+        if feature.enabled():
+            issues.extend(feature.scenario_issues(scenario))
+    return issues
+
+
+def _request_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
+    """Each request arrives before the last step, and its prompt and length fit the budget and
+    the model."""
+    issues: list[tuple[Loc, str]] = []
+    budget, max_len = scenario.workload.max_num_batched_tokens, scenario.model.max_model_len
+    for i, r in enumerate(scenario.workload.requests or []):
+        if r.arrival_step >= scenario.steps:
+            issues.append((("workload", "requests", i, "arrival_step"),
+                           f"the request arrives at step {r.arrival_step}, after the last step "
+                           f"(steps is {scenario.steps}): it would never run"))
+        if r.prompt_len > budget:
+            issues.append((("workload", "requests", i, "prompt_len"),
+                           f"prompt_len {r.prompt_len} is above workload.max_num_batched_tokens {budget}: the "
+                           "harness prefills a prompt in one step (no chunked prefill; vLLM without it "
+                           "refuses such a request too), so it would never be scheduled"))
+        if r.prompt_len + r.output_len > max_len:
+            issues.append((("workload", "requests", i),
+                           f"prompt_len {r.prompt_len} + output_len {r.output_len} = "
+                           f"{r.prompt_len + r.output_len} exceeds model.max_model_len {max_len}"))
+    return issues
+
+
+def _explicit_step_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
+    """Explicit steps fit the run's steps, each request's tokens fit the model, and the live
+    requests' KV blocks fit the cache."""
+    steps = scenario.workload.steps
+    if not steps:
+        return []
+    issues: list[tuple[Loc, str]] = []
+    max_len = scenario.model.max_model_len
+    if len(steps) > scenario.steps:
+        issues.append((("workload", "steps"),
+                       f"{len(steps)} explicit steps, but steps is {scenario.steps}: the "
+                       "later ones would never run"))
+    totals: dict[str, int] = {}
+    for step in steps:
+        for e in step:
+            totals[str(e.req)] = totals.get(str(e.req), 0) + e.new_tokens
+    for req, total in totals.items():
+        if total > max_len:
+            issues.append((("workload", "steps"),
+                           f"request {req!r} reaches {total} tokens, above model.max_model_len {max_len}"))
+    issues.extend(_explicit_blocks_issue(steps, totals, scenario.model))
+    return issues
 
 
 def _explicit_blocks_issue(steps: list[list[StepEntry]], totals: dict[str, int], model: ModelSpec) -> list[tuple[Loc, str]]:
