@@ -106,6 +106,35 @@ def test_cp_is_not_modelled_together_with_sp():
     assert cp.unsupported({"features": {"sp": {"tp": 1}}}) is None
 
 
+def test_each_feature_names_itself_in_reports_and_colours_its_ledger_column():
+    from harness.features import feature_label, ledger_colours
+
+    assert feature_label({"sp": {"tp": 2}, "dp": {"size": 2}, "mtp": {"k": 1}, "cp": {"size": 1}}) == "dp2+sp2+mtp1"
+    assert feature_label({"sp": {"tp": 1}, "mtp": {"k": 0}}) == feature_label({}) == "base"
+    assert set(ledger_colours()) >= {"sp", "dp", "spec", "cp"}  # MTP's drafts are the ledger's "spec"
+
+
+def test_a_feature_says_whether_non_full_batches_pad_their_requests():
+    """vLLM Ascend pads the requests of a non-FULL batch with SP, and never with CP (DCP)."""
+    from harness.graph.modes import CUDAGraphMode
+    from harness.graph.plan import PlannerConfig, StepPlanner
+
+    def pads(settings):
+        config = PlannerConfig(CUDAGraphMode.PIECEWISE, (2, 4), 4, 1, 16, 8)
+        return StepPlanner(config, active_features(settings, {})).pads_without_full
+
+    assert pads({"sp": {"tp": 2}}) and not pads({"sp": {"tp": 2}, "cp": {"size": 2}}) and not pads({"dp": {"size": 2}})
+
+
+def test_sp_refuses_a_model_its_ranks_cannot_split_at_the_field_to_change():
+    from harness.model.config import ModelConfig
+
+    sp = SequenceParallel({"tp": 4}, {})
+    field, message = sp.model_problem(ModelConfig(num_heads=6, num_kv_heads=2, hidden_size=64, head_dim=16))
+    assert field == "model.num_heads" and message.endswith("with features.sp.tp=4")
+    assert sp.model_problem(ModelConfig(num_heads=4, num_kv_heads=4, hidden_size=64, head_dim=16)) is None
+
+
 # -- a feature from another package ---------------------------------------------------------------
 
 PLUGIN = '''
