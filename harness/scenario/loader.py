@@ -29,11 +29,11 @@ from .errors import ScenarioError, ScenarioFileError, SourceLocation
 from .fields import _fmt_loc
 from .ids import _id_issues, _keyword_issues, _strip_ids, _unique_ids, _validated_value, render_id, render_value
 from .locate import _Located, locate, locate_in_point
-from .matrix import _MatrixPart, _size_issue, check_matrix_path, exclude_issues, matrix_issues
+from .matrix import _MatrixPart, _size_issue, exclude_issues
 from .messages import _issues, _suggest
 from .overrides import _set_copied, _split, apply_overrides, parse_override
 from .points import ScenarioPoint, modes_of
-from .schema import Scenario
+from .schema import Scenario, check_matrix_path, matrix_issues
 from .yaml_source import Composed, compose_text, read_source
 
 __all__ = [

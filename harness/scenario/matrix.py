@@ -1,6 +1,11 @@
 """The matrix of a scenario file: its axes (dotted paths into the scenario), their values, the
 exclusions and the matrix's size, checked before any point is built (the ids its values give:
-:mod:`.ids`)."""
+:mod:`.ids`).
+
+The paths are checked against the root model that the caller names (:mod:`.schema` binds them
+to :class:`~harness.scenario.schema.Scenario`): the root validates its own matrix with these
+functions, so they cannot import it.
+"""
 
 from __future__ import annotations
 
@@ -12,23 +17,21 @@ from pydantic import BaseModel, ConfigDict, Field
 from .bounds import MAX_MATRIX_POINTS, MAX_MATRIX_WORK
 from .fields import Loc
 
-__all__ = ["check_matrix_path", "exclude_issues", "matrix_issues"]
+__all__ = ["axes_issues", "exclude_issues", "path_issue"]
 
 
 _MATRIX_NOT_AXES = {"matrix", "matrix_exclude", "name"}
 
 
-def check_matrix_path(path: str) -> str | None:
-    """Return None if ``path`` is a dotted path into :class:`Scenario` usable as a matrix axis
-    or override, else a message saying why not."""
+def path_issue(path: str, root: type[BaseModel]) -> str | None:
+    """Return None if ``path`` is a dotted path into ``root`` usable as a matrix axis or
+    override, else a message saying why not."""
     if not isinstance(path, str) or not path:
         return "a matrix key must be a non-empty dotted path"
     parts = path.split(".")
     if parts[0] in _MATRIX_NOT_AXES:
         return f"{parts[0]!r} cannot be a matrix axis"
-    from .schema import Scenario  # the root: it validates its matrix with these functions
-
-    cls: Any = Scenario
+    cls: Any = root
     for i, part in enumerate(parts):
         model = _model_of(cls)
         if model is None:
@@ -56,13 +59,14 @@ def _model_of(tp: Any) -> type[BaseModel] | None:
     return None
 
 
-def matrix_issues(matrix: dict[str, list[Any]] | None) -> list[tuple[Loc, str]]:
-    """Located problems with the matrix keys and values (relative to ``matrix``)."""
+def axes_issues(matrix: dict[str, list[Any]] | None, root: type[BaseModel]) -> list[tuple[Loc, str]]:
+    """Located problems with the matrix keys (paths into ``root``) and values (relative to
+    ``matrix``)."""
     if not matrix:
         return []
     issues: list[tuple[Loc, str]] = []
     for key, values in matrix.items():
-        why = check_matrix_path(key)
+        why = path_issue(key, root)
         if why:
             issues.append(((key,), why))
             continue

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import yaml
 
 from .errors import ScenarioError
-from .matrix import check_matrix_path
+from .schema import check_matrix_path
 
 __all__ = ["apply_overrides", "parse_override"]
 

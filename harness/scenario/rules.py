@@ -1,31 +1,40 @@
 """The rules across a scenario's sections, one named step each.
 
 :meth:`harness.scenario.schema.Scenario._consistent` runs them in this order and raises their
-issues together. A feature's own rules are the feature's (``Feature.mirrors``,
-``Feature.scenario_issues``): the steps here name no feature.
+issues together. They read the scenario through :class:`Sections`, the sections it holds: the
+root model calls them, so they cannot import it. A feature's own rules are the feature's
+(``Feature.mirrors``, ``Feature.scenario_issues``): the steps here name no feature.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .fields import Loc
-from .sections import ModelSpec, StepEntry
+from .sections import GraphSpec, ModelSpec, StepEntry, Workload
 from harness.features import registry
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .schema import Scenario
-
-__all__ = ["scenario_issues"]
+__all__ = ["Sections", "scenario_issues"]
 
 
-def scenario_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
+class Sections(Protocol):
+    """What the rules read of a scenario (:class:`harness.scenario.schema.Scenario`)."""
+
+    model: ModelSpec
+    graph: GraphSpec
+    workload: Workload
+    features: Any  # generated from the feature registry (.sections.Features)
+    fixes: Any
+    steps: int
+
+
+def scenario_issues(scenario: Sections) -> list[tuple[Loc, str]]:
     """Every cross-section problem of ``scenario``, located from its root (mirrors applied)."""
     return [*_mirror_issues(scenario), *_capture_size_issues(scenario), *_feature_issues(scenario),
             *_request_issues(scenario), *_explicit_step_issues(scenario)]
 
 
-def _mirror_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
+def _mirror_issues(scenario: Sections) -> list[tuple[Loc, str]]:
     """A field that mirrors a feature's setting follows it, or it follows the field: either may
     be given; given both, they must agree (the setting is canonical)."""
     issues: list[tuple[Loc, str]] = []
@@ -51,7 +60,7 @@ def _mirror_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
     return issues
 
 
-def _capture_size_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
+def _capture_size_issues(scenario: Sections) -> list[tuple[Loc, str]]:
     """Explicit capture sizes and a max capture size must agree, as vLLM refuses both otherwise;
     sizes above max_num_batched_tokens are dropped first (the filters of the features are
     applied by the preflight, which sees them)."""
@@ -66,7 +75,7 @@ def _capture_size_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
     return []
 
 
-def _feature_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
+def _feature_issues(scenario: Sections) -> list[tuple[Loc, str]]:
     """Every enabled feature's own cross-field rules (``Feature.scenario_issues``)."""
     issues: list[tuple[Loc, str]] = []
     fixes = dict(scenario.fixes)
@@ -80,7 +89,7 @@ def _feature_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
     return issues
 
 
-def _request_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
+def _request_issues(scenario: Sections) -> list[tuple[Loc, str]]:
     """Each request arrives before the last step, and its prompt and length fit the budget and
     the model."""
     issues: list[tuple[Loc, str]] = []
@@ -102,7 +111,7 @@ def _request_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
     return issues
 
 
-def _explicit_step_issues(scenario: Scenario) -> list[tuple[Loc, str]]:
+def _explicit_step_issues(scenario: Sections) -> list[tuple[Loc, str]]:
     """Explicit steps fit the run's steps, each request's tokens fit the model, and the live
     requests' KV blocks fit the cache."""
     steps = scenario.workload.steps

@@ -7,7 +7,8 @@ The root model, :class:`Scenario`, is here; its parts each have a module of thei
 * :mod:`.sections`: the sections that stand alone (model, graph, workload, features and fixes,
   tolerance, engine);
 * :mod:`.expect`: the expected outcome and the dispatch table;
-* :mod:`.matrix`: the matrix axes and exclusions;
+* :mod:`.matrix`: the matrix axes and exclusions (their paths checked against :class:`Scenario`
+  by :func:`check_matrix_path` and :func:`matrix_issues` here);
 * :mod:`.rules`: the rules across sections, one named step each.
 
 Every name is importable from here as before. ``python -m harness.scenario.schema`` prints the
@@ -40,7 +41,7 @@ from .fields import (
     _NAME,
     _Base,
 )
-from .matrix import check_matrix_path, exclude_issues, matrix_issues
+from .matrix import axes_issues, exclude_issues, path_issue
 from .rules import scenario_issues
 from .sections import (
     EngineSpec,
@@ -175,6 +176,17 @@ class Scenario(_Base):
         if issues:
             raise ConsistencyError(issues)
         return self
+
+
+def check_matrix_path(path: str) -> str | None:
+    """Return None if ``path`` is a dotted path into :class:`Scenario` usable as a matrix axis
+    or override, else a message saying why not."""
+    return path_issue(path, Scenario)
+
+
+def matrix_issues(matrix: dict[str, list[Any]] | None) -> list[tuple[Loc, str]]:
+    """Located problems with the matrix keys and values (relative to ``matrix``)."""
+    return axes_issues(matrix, Scenario)
 
 
 def export_json_schema() -> dict[str, Any]:
