@@ -10,13 +10,14 @@ raised together as one :class:`ScenarioFileError`.
 
 The parts it is built from each have a module: :mod:`.points` (what a point is),
 :mod:`.overrides` (values at dotted paths), :mod:`.matrix` and :mod:`.ids` (the matrix's checks
-and its points' ids), :mod:`.locate` (data location -> line), :mod:`.messages` (pydantic's
-errors in the file's words). Their public names are importable from here as before.
+and its points' ids), :mod:`.locate` (data location -> line, for fields and errors),
+:mod:`.messages` (pydantic's errors in the file's words), :mod:`.repair` (what a point that
+failed gives without its refused values). Their public names are importable from here as
+before.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 from dataclasses import dataclass
@@ -28,11 +29,12 @@ from pydantic import ValidationError
 from .errors import ScenarioError, ScenarioFileError, SourceLocation
 from .fields import _fmt_loc
 from .ids import _id_issues, _keyword_issues, _strip_ids, _unique_ids, _validated_value, render_id, render_value
-from .locate import _Located, locate, locate_in_point
+from .locate import PointError, _Located, file_error, locate, locate_in_point, point_error
 from .matrix import _MatrixPart, _size_issue, exclude_issues
-from .messages import _issues, _suggest
-from .overrides import _set_copied, _split, apply_overrides, parse_override
+from .messages import _issues
+from .overrides import _set_copied, apply_overrides, parse_override
 from .points import ScenarioPoint, modes_of
+from .repair import MAX_REPAIR_ISSUES, MAX_REPAIRED, repair_point
 from .schema import Scenario, check_matrix_path, matrix_issues
 from .yaml_source import Composed, compose_text, read_source
 
@@ -50,21 +52,12 @@ __all__ = [
     "render_value",
 ]
 
-Loc = tuple[Any, ...]
 _MATRIX_KEYS = ("matrix", "matrix_exclude")
 
 MAX_ERRORS = 50
 """Errors listed per file; a file with more is mostly one mistake repeated."""
 _MAX_RAW_ERRORS = 10_000
 
-
-@dataclass
-class _Raw:
-    line: int | None
-    field: str
-    message: str
-    group: tuple  # what makes two errors "the same error"
-    expected: frozenset  # point indices where this error would be expected if not combination-bound
 
 #: Picks the matrix points to expand: ``(matrix, excludes) -> index tuples`` (one index per axis).
 Combinations = Callable[[dict[str, list[Any]], list[dict[str, Any]]], Iterable[tuple[int, ...]]]
@@ -99,7 +92,7 @@ class _Validated:
 
     points: list[ScenarioPoint] = dataclasses.field(default_factory=list)
     index: list[int] = dataclasses.field(default_factory=list)
-    raws: list[tuple[int, _Raw]] = dataclasses.field(default_factory=list)
+    raws: list[tuple[int, PointError]] = dataclasses.field(default_factory=list)
     partial: list[tuple[ScenarioPoint, frozenset[str]]] = dataclasses.field(default_factory=list)
 
 
@@ -138,7 +131,7 @@ def load_scenario_text(
     expansion = _expand(matrix, combinations)
     if expansion.axes_names and not expansion.combos and matrix.ok:
         errors.append(
-            _located(tree, path, ("matrix_exclude",), "matrix_exclude removes every point", True)
+            file_error(tree, path, ("matrix_exclude",), "matrix_exclude removes every point", True)
         )
     if not expansion.axes_names:
         expansion.combos, expansion.indices = [{}], [()]
@@ -194,7 +187,7 @@ def _matrix_part(raw: dict[str, Any], tree: _Located, path: str, values: int,
     except ValidationError as exc:
         matrix_ok = False
         for loc, msg, at_key in _issues(exc):
-            errors.append(_located(tree, path, loc, msg, at_key))
+            errors.append(file_error(tree, path, loc, msg, at_key))
         part = None
     if part is not None:
         issues = [(("matrix",) + loc, msg) for loc, msg in matrix_issues(part.matrix)]
@@ -211,7 +204,7 @@ def _matrix_part(raw: dict[str, Any], tree: _Located, path: str, values: int,
             at_key = (loc[0] == "matrix" and len(loc) <= 2) or (
                 loc[0] == "matrix_exclude" and len(loc) == 3
             )
-            errors.append(_located(tree, path, loc, msg, at_key))
+            errors.append(file_error(tree, path, loc, msg, at_key))
         matrix_ok = not issues
         matrix = dict(part.matrix or {})
         excludes = list(part.matrix_exclude)
@@ -290,10 +283,10 @@ def _validate_points(base: dict[str, Any], expansion: _Expansion, overrides: Map
             issues = _issues(exc)
             for loc, msg, at_key in issues:
                 out.raws.append(
-                    (n, _point_error(tree, loc, msg, at_key, axes_names, idx, indices, overrides))
+                    (n, point_error(tree, loc, msg, at_key, axes_names, idx, indices, overrides))
                 )
-            repaired = (_repair(data, issues) if len(out.partial) < _MAX_REPAIRED
-                        and len(issues) <= _MAX_REPAIR_ISSUES else None)
+            repaired = (repair_point(data, issues) if len(out.partial) < MAX_REPAIRED
+                        and len(issues) <= MAX_REPAIR_ISSUES else None)
             if repaired is not None:  # the rest of the point, for the checks the schema cannot make
                 scenario, removed = repaired
                 out.partial.append((ScenarioPoint(expansion.ids[n] if axes_names else "", scenario,
@@ -315,7 +308,7 @@ def _validate_points(base: dict[str, Any], expansion: _Expansion, overrides: Map
 
 def _point_errors(validated: _Validated, expansion: _Expansion, path: str) -> list[ScenarioError]:
     """Each distinct error of the points once, naming the points it is bound to."""
-    groups: dict[tuple, tuple[_Raw, set[int]]] = {}
+    groups: dict[tuple, tuple[PointError, set[int]]] = {}
     for n, r in validated.raws:
         if r.group in groups:
             groups[r.group][1].add(n)
@@ -368,54 +361,6 @@ def _with_final_ids(validated: _Validated, expansion: _Expansion) -> list[Scenar
     return [dataclasses.replace(p, id=i) for p, i in zip(validated.points, final)]
 
 
-_REPAIR_ROUNDS = 3
-#: Points repaired per file, and errors per point worth repairing: beyond them the file's
-#: errors are mostly one mistake repeated, and the bound keeps a 1 MB file's load linear.
-_MAX_REPAIRED = 64
-_MAX_REPAIR_ISSUES = 20
-
-
-def _repair(data: dict, issues: list[tuple[Loc, str, bool]]) -> tuple[Scenario, frozenset[str]] | None:
-    """The point validated without the values its errors name (so their defaults apply), and
-    the dotted fields left out; None when that does not make it valid in a few rounds (a
-    missing required key, a value whose removal leaves another error)."""
-    data = copy.deepcopy(data)
-    removed: set[str] = set()
-    for _ in range(_REPAIR_ROUNDS):
-        changed = False
-        for loc, msg, _ in issues:
-            if msg.startswith("missing required key"):
-                return None
-            changed |= _drop(data, loc)
-            removed.add(_fmt_loc(tuple(p for p in loc if not isinstance(p, int))))
-        if not changed:
-            return None
-        try:
-            return Scenario.model_validate(data), frozenset(removed)
-        except ValidationError as exc:
-            issues = _issues(exc)
-    return None
-
-
-def _drop(data: Any, loc: Loc) -> bool:
-    """Remove the value at ``loc`` (the deepest mapping key on the way that exists)."""
-    parents: list[tuple[dict, str]] = []
-    cur = data
-    for part in loc:
-        if isinstance(cur, dict) and part in cur:
-            parents.append((cur, part))
-            cur = cur[part]
-        elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
-            cur = cur[part]
-        else:
-            break
-    if not parents:
-        return False
-    holder, key = parents[-1]
-    del holder[key]
-    return True
-
-
 def _is_extension(key: Any) -> bool:
     return isinstance(key, str) and key.startswith("x-")
 
@@ -431,56 +376,3 @@ def _dedupe(errors: list[ScenarioError]) -> list[ScenarioError]:
     return out
 
 
-def _located(tree: _Located, path: str, loc: Loc, msg: str, at_key: bool) -> ScenarioError:
-    node, key_node, matched = tree.walk(loc)
-    if at_key and matched < len(loc):
-        at_key = False  # the key itself is not in the file: point at its parent
-    if msg.startswith("unknown key"):
-        msg += _suggest(loc)
-    line = tree.line_of(node, key_node, prefer_key=at_key or matched < len(loc))
-    return ScenarioError(msg, path=path, line=line, field=_fmt_loc(loc))
-
-
-def _point_error(
-    tree: _Located,
-    loc: Loc,
-    msg: str,
-    at_key: bool,
-    axes_names: list[str],
-    idx: tuple[int, ...],
-    indices: list[tuple[int, ...]],
-    overrides: Mapping[str, Any],
-) -> _Raw:
-    """Locate an error of one matrix point: inside the matrix if ``loc`` runs through an axis,
-    else in the base document."""
-    if msg.startswith("unknown key"):
-        msg += _suggest(loc)
-    for pos, (a, i) in enumerate(zip(axes_names, idx)):
-        parts = tuple(_split(a))
-        if loc[: len(parts)] != parts:
-            continue
-        rest = loc[len(parts) :]
-        start, _, ok = tree.walk(("matrix", a, i))
-        if ok == 3:
-            node, key_node, matched = tree.walk(rest, start=start)
-        else:  # the axis value came from an override
-            node, key_node, matched = start, None, 0
-        if at_key and matched < len(rest):
-            at_key = False
-        line = tree.line_of(node, key_node, prefer_key=at_key or matched < len(rest))
-        fld = f"matrix.{a}[{i}]"
-        if rest:
-            fld += ("" if isinstance(rest[0], int) else ".") + _fmt_loc(rest)
-        same_value = frozenset(n for n, other in enumerate(indices) if other[pos] == i)
-        return _Raw(line, fld, msg, (line, fld, msg), same_value)
-    note = ""
-    for k, v in overrides.items():
-        parts = tuple(_split(k))
-        if loc[: len(parts)] == parts:
-            note = f" [override {k}={v!r}]"
-    node, key_node, matched = tree.walk(loc)
-    if at_key and matched < len(loc):
-        at_key = False
-    line = tree.line_of(node, key_node, prefer_key=at_key or matched < len(loc))
-    fld = _fmt_loc(loc)
-    return _Raw(line, fld, msg + note, (line, fld, msg + note), frozenset(range(len(indices))))

@@ -1,19 +1,26 @@
 """Where a value is written in a scenario file: a data location walked back through the
-composed YAML tree to a line."""
+composed YAML tree to a line, for a field (:func:`locate`, :func:`locate_in_point`) and for the
+loader's errors (:func:`file_error`, and :func:`point_error` for an error of one matrix point,
+which may come from an axis value, the file's body or an override)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import yaml
 
 from .errors import ScenarioError
+from .fields import _fmt_loc
+from .messages import _suggest
 from .overrides import _split
 from .points import ScenarioPoint
 from .yaml_source import compose_text, read_source
 
-__all__ = ["locate", "locate_in_point"]
+__all__ = ["PointError", "file_error", "locate", "locate_in_point", "point_error"]
+
+Loc = tuple[Any, ...]
 
 
 class _Located:
@@ -98,3 +105,71 @@ def locate_in_point(path: str | Path, point: ScenarioPoint, field: str) -> int |
         return tree.line_of(node, key_node, prefer_key=False) if matched == len(rest) else None
     node, key_node, matched = tree.walk(parts)
     return tree.line_of(node, key_node, prefer_key=False) if matched == len(parts) else None
+
+
+@dataclass
+class PointError:
+    """An error of one matrix point, located in the file; the loader reports each distinct one
+    once, naming the points it is bound to."""
+
+    line: int | None
+    field: str
+    message: str
+    group: tuple  # what makes two errors "the same error"
+    expected: frozenset  # point indices where this error would be expected if not combination-bound
+
+
+def file_error(tree: _Located, path: str, loc: Loc, msg: str, at_key: bool) -> ScenarioError:
+    """An error at ``loc`` of the file as written, at the line of its key (``at_key``) or value."""
+    node, key_node, matched = tree.walk(loc)
+    if at_key and matched < len(loc):
+        at_key = False  # the key itself is not in the file: point at its parent
+    if msg.startswith("unknown key"):
+        msg += _suggest(loc)
+    line = tree.line_of(node, key_node, prefer_key=at_key or matched < len(loc))
+    return ScenarioError(msg, path=path, line=line, field=_fmt_loc(loc))
+
+
+def point_error(
+    tree: _Located,
+    loc: Loc,
+    msg: str,
+    at_key: bool,
+    axes_names: list[str],
+    idx: tuple[int, ...],
+    indices: list[tuple[int, ...]],
+    overrides: Mapping[str, Any],
+) -> PointError:
+    """Locate an error of one matrix point: inside the matrix if ``loc`` runs through an axis,
+    else in the base document."""
+    if msg.startswith("unknown key"):
+        msg += _suggest(loc)
+    for pos, (a, i) in enumerate(zip(axes_names, idx)):
+        parts = tuple(_split(a))
+        if loc[: len(parts)] != parts:
+            continue
+        rest = loc[len(parts) :]
+        start, _, ok = tree.walk(("matrix", a, i))
+        if ok == 3:
+            node, key_node, matched = tree.walk(rest, start=start)
+        else:  # the axis value came from an override
+            node, key_node, matched = start, None, 0
+        if at_key and matched < len(rest):
+            at_key = False
+        line = tree.line_of(node, key_node, prefer_key=at_key or matched < len(rest))
+        fld = f"matrix.{a}[{i}]"
+        if rest:
+            fld += ("" if isinstance(rest[0], int) else ".") + _fmt_loc(rest)
+        same_value = frozenset(n for n, other in enumerate(indices) if other[pos] == i)
+        return PointError(line, fld, msg, (line, fld, msg), same_value)
+    note = ""
+    for k, v in overrides.items():
+        parts = tuple(_split(k))
+        if loc[: len(parts)] == parts:
+            note = f" [override {k}={v!r}]"
+    node, key_node, matched = tree.walk(loc)
+    if at_key and matched < len(loc):
+        at_key = False
+    line = tree.line_of(node, key_node, prefer_key=at_key or matched < len(loc))
+    fld = _fmt_loc(loc)
+    return PointError(line, fld, msg + note, (line, fld, msg + note), frozenset(range(len(indices))))
