@@ -19,7 +19,8 @@ from . import bounds as L
 from harness.graph.modes import CUDAGraphMode
 from harness.names import CheckName as _CheckName
 
-__all__ = ["CHECK_NAMES", "GRAPH_MODES", "ConsistencyError", "Loc", "NonNeg", "Pos", "Text"]
+__all__ = ["CHECK_NAMES", "GRAPH_MODES", "CheckName", "ConsistencyError", "GraphMode", "Loc", "NonNeg", "NonNegFloat",
+           "NonNegInt", "Pos", "PosInt", "Text"]
 
 GRAPH_MODES = tuple(m.name for m in CUDAGraphMode)
 CHECK_NAMES = tuple(c.value for c in _CheckName)

@@ -21,8 +21,8 @@ from .fields import (
     Pos,
     _Base,
 )
+from .feature_schema import build_features_model, build_fixes_model, mirrored_by
 from harness.graph.capability import ATTENTION_BACKENDS
-from harness.scenario.feature_schema import build_features_model, build_fixes_model
 
 __all__ = ["EngineSpec", "Features", "Fixes", "GraphSpec", "ModelSpec", "RequestSpec", "StepEntry", "Tolerance",
            "Workload"]
@@ -119,7 +119,7 @@ class GraphSpec(_Base):
     )
     max_num_seqs: Pos(L.MAX_NUM_SEQS) = 8
     num_speculative_tokens: NonNeg(L.MAX_SPEC_TOKENS) = Field(
-        default=0, description="Kept equal to features.mtp.k (either may be given)."
+        default=0, description=mirrored_by("graph.num_speculative_tokens")
     )
     platform: Literal["npu", "gpu"] = "npu"
     max_capture_size: Pos(L.MAX_CAPTURE_SIZE) | None = Field(
