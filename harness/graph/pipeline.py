@@ -304,7 +304,7 @@ class Stepper:
             reference_metadata=_host_lists(meta),
         )
         if previous is not None:  # keep what the reference path already put there
-            rec.sampled, rec.logits = previous.sampled, previous.logits
+            rec.sampled, rec.logits, rec.seconds = previous.sampled, previous.logits, previous.seconds
         return rec
 
     def _execute(self, name: str, path: Path, step: Step | None, plan: StepPlan, rec: StepRecord,
@@ -326,12 +326,15 @@ class Stepper:
                 if name == "graph" and self.async_scheduling:
                     self._launch(path, step, plan, rec, inputs, previous)
                     return
+                # each path's wall time to its logits on the host (what a replay buys over eager)
+                started = time.perf_counter()
                 if name == "graph":
                     logits, rec.executed = self.runner.execute(plan, inputs.input_ids)
                     rec.host_lists_unverifiable = plan.runtime_mode is CUDAGraphMode.FULL and rec.executed is None
                 else:
                     with self.runner.engine.stream(self.eager_stream):
                         logits = self.eager[name].execute(inputs).cpu()
+                rec.seconds[name] = time.perf_counter() - started
         if plan.kind is PlanKind.IDLE:  # an idle DP rank ran dummies: nothing to sample
             path.batcher.commit(None, {}, {})
             return

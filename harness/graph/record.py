@@ -78,6 +78,7 @@ class StepRecord:
     logits: dict[str, Any] = field(default_factory=dict)  # path -> real-row logits (not serialised)
     executed: list[dict[str, Any]] | None = None  # per layer: host lists the graph executed
     host_lists_unverifiable: bool = False  # a FULL replay on a backend that cannot report them
+    seconds: dict[str, float] = field(default_factory=dict)  # path -> wall time to its logits on the host
 
 
 @dataclass
