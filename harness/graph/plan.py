@@ -141,10 +141,10 @@ class StepPlanner:
         self.dispatcher = Dispatcher(config.mode, config.capture_sizes, config.uniform_decode_query_len,
                                      config.max_num_seqs, token_multiple=multiple,
                                      mixed_full_key_num_reqs=config.mixed_full_key_num_reqs)
-        # vLLM Ascend pads the requests of a non-FULL batch only with SP and without CP (dcp)
-        split = any(f.token_multiple() > 1 for f in self.features)
-        cp = any(f.name == "cp" for f in self.features)
-        self.pads_without_full = config.pad_requests_without_full or (split and not cp)
+        # vLLM Ascend pads the requests of a non-FULL batch only with SP and without CP (dcp):
+        # each feature says whether it makes it so, forbids it, or has no say
+        votes = [f.pads_requests_without_full() for f in self.features]
+        self.pads_without_full = config.pad_requests_without_full or (True in votes and False not in votes)
 
     # -- what to capture ----------------------------------------------------------------------
     def capture_plans(self) -> list[tuple[CUDAGraphMode, BatchDescriptor, AttentionMetadata]]:
