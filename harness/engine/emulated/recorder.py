@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Self
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -44,7 +44,9 @@ from .opinfo import BOOL_INDEX_OPS, OP_INFO, OpArgs, OpInfo, OpKwargs, TensorSpe
 from .pool import Block, MemoryPool
 from .streams import ExternalEvent, WaitFor
 
-if TYPE_CHECKING:  # the graph imports this module
+if TYPE_CHECKING:  # the graph imports this module (and typing.Self is Python 3.11's)
+    from typing_extensions import Self
+
     from .graph import NPUGraph
 
 NodeKind = Literal["functional", "mutating", "view", "allocation"]
