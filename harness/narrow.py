@@ -174,7 +174,7 @@ def _drop_mirrors(data: dict[str, Any]) -> None:
     for cls in registry().values():
         for path in cls.mirrors:
             *parents, leaf = path.split(".")
-            section = data
+            section: object = data
             for part in parents:
                 section = section.get(part) if isinstance(section, dict) else None
             if isinstance(section, dict):

@@ -8,6 +8,8 @@ eager reference does not. Both texts are kept side by side with their repetition
 
 from __future__ import annotations
 
+from typing import Any
+
 from harness.checks.result import CheckName, CheckResult, not_evaluated
 from harness.graph.record import RunRecord
 from harness.model import longest_repeat_run, repetition_score
@@ -21,7 +23,7 @@ def _repetition(texts: dict[str, list[int]]) -> dict[str, dict[str, float]]:
 
 
 def check_stale_params(record: RunRecord) -> CheckResult:
-    stale = []
+    stale: list[dict[str, Any]] = []  # one row of the report's table per stale list
     compared = 0
     for step in record.steps:
         if step.executed is None:
@@ -68,7 +70,7 @@ def check_stale_params(record: RunRecord) -> CheckResult:
     return CheckResult(CheckName.STALE_PARAMS, True, f"host lists live on every replay ({how})", details=details)
 
 
-def _later_step_with(record: RunRecord, stale: dict) -> int | None:
+def _later_step_with(record: RunRecord, stale: dict[str, Any]) -> int | None:
     """The later step of the same bucket whose live list is what ran (an update that raced the
     replay before it: async scheduling without the sync), else None (the capture's list)."""
     for step in record.steps:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Union
 from pydantic import BaseModel, ConfigDict
 
 from harness.graph.capture_sizes import SizeConstraint
-from harness.graph.shape import SINGLE_RANK, RankAxis, RankContext, StepShape
+from harness.graph.shape import SINGLE_RANK, RankAxis, RankContext, RunShape, StepShape
 
 if TYPE_CHECKING:  # pragma: no cover
     from harness.graph.metadata import AttentionMetadata
@@ -203,7 +203,7 @@ class Feature:
         """How attention runs on this rank (None: the default causal FIA)."""
         return None
 
-    def before_forward(self, shape: StepShape, ctx: RankContext, step: int) -> None:
+    def before_forward(self, shape: RunShape, ctx: RankContext, step: int) -> None:
         """Called on the graph path right before the forward (a guard, never a fix)."""
 
 

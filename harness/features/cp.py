@@ -11,12 +11,15 @@ attention mechanics are :mod:`harness.model.context_parallel`.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pydantic import Field
 
 from harness.features.base import MAX_AXIS_RANKS, FeatureSettings, FixSwitch, RankAxisFeature, RankContext
 from harness.graph.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class CPSettings(FeatureSettings):
@@ -75,7 +78,7 @@ class ContextParallel(RankAxisFeature):
 
         axis = self.rank_axis(ctx)
 
-        def combine(out, lse):
+        def combine(out: Tensor, lse: Tensor) -> Tensor:
             return cp_combine(out, lse, axis.size, axis.group)
 
         return AttentionStyle(sparse_mode=0, combine=combine)

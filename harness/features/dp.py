@@ -43,6 +43,7 @@ class DPSettings(FeatureSettings):
 class DataParallel(RankAxisFeature):
     name = "dp"
     Settings = DPSettings
+    settings: DPSettings  # (the base validates it as Settings)
     fixes = {"dp_sync": FixSwitch("the all-reduce of each step's shape before it is dispatched",
                                   "ranks disagree on size or mode and hang in collectives (execution)")}
     marker = "data parallel (size > 1)"

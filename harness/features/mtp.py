@@ -27,6 +27,7 @@ class MTPSettings(FeatureSettings):
 class SpeculativeDecoding(Feature):
     name = "mtp"
     Settings = MTPSettings
+    settings: MTPSettings  # (the base validates it as Settings)
     fixes = {"drafter_unpadded": FixSwitch("the drafter gets its own unpadded metadata",
                                            "the drafter's last element > T: both FIA contracts reject")}
     marker = "speculative decoding (k > 0)"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -42,6 +42,9 @@ from harness.ops.contract import (
 )
 from harness.ops.observe import FiaCall, FiaCallKind, current_tags, record_fia_call
 from harness.ops.signature import FiaKeywords, wrapper_signature
+
+if TYPE_CHECKING:  # the type only: harness.ops imports no backend
+    from harness.engine.protocol import Engine
 
 NativeFn = Callable[..., Any]
 
@@ -79,7 +82,7 @@ def get_native_impl() -> tuple[NativeFn | None, NativeFn | None, NativeFn | None
     return _native.functional, _native.out, _native.workspace
 
 
-def register_updatable_ops(engine: Any) -> None:
+def register_updatable_ops(engine: Engine) -> None:
     """Tell an engine that reads its own graphs (``capabilities.reports_executed_arguments``: the
     emulator) which ops' host lists a graph update may replace
     (:data:`~harness.ops.library.UPDATABLE_OP_NAMES`), and what the device-metadata attention
@@ -201,7 +204,7 @@ class _Observed:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> Literal[False]:
         error = None if exc is None else f"{type(exc).__name__}: {exc}"
         record_fia_call(FiaCall(**self._fields, error=error, tags=current_tags()))  # type: ignore[arg-type]
         return False
