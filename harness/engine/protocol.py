@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, TypedDict, runtime_checkable
 
 if TYPE_CHECKING:  # read by the type checker only: collection reads CAPABILITIES without torch
-    from typing import Self
+    from typing_extensions import Self
 
     import torch
 
