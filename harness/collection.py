@@ -85,7 +85,7 @@ def collect_points(path: str | Path, modes: list[str] | None = None,
                       load_scenario_file(path, overrides=overrides or None, combinations=combinations)]
         except ScenarioFileError as failure:
             errors.extend(failure.errors)
-            loaded = getattr(failure, "points", [])
+            loaded = failure.points
         for point, removed in loaded:
             if modes and point.scenario.graph.mode not in modes:
                 continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["ScenarioError", "ScenarioFileError", "SourceLocation", "shorten"]
 
@@ -80,6 +81,9 @@ class ScenarioFileError(ScenarioError):
         if not errors:
             raise ValueError("ScenarioFileError needs at least one error")
         self.errors = list(errors)
+        # What the rest of the file gives (the loader fills it): the points that validated and
+        # those that did once the values the errors name were left out, with the fields each lost.
+        self.points: list[tuple[Any, frozenset[str]]] = []
         first = self.errors[0]
         super().__init__(first.message, path=first.path, line=first.line, field=first.field)
 

@@ -27,8 +27,8 @@ _HostList = Annotated[list[Annotated[int, Field(ge=-1, le=L.MAX_CAPTURE_SIZE * L
 class DispatchKey(_Base):
     """A batch descriptor: the key of the graph a step replays (vLLM's ``BatchDescriptor``)."""
 
-    num_tokens: Pos(L.MAX_CAPTURE_SIZE)
-    num_reqs: Pos(L.MAX_CAPTURE_SIZE) | None = None
+    num_tokens: Annotated[int, Pos(L.MAX_CAPTURE_SIZE)]
+    num_reqs: Annotated[int, Pos(L.MAX_CAPTURE_SIZE)] | None = None
     uniform_decode: bool = False
 
 
@@ -49,23 +49,23 @@ class DispatchRow(_Base):
     with the graph path's step record (``harness.checks.dispatch_table``).
     """
 
-    step: NonNeg(L.MAX_STEPS)
-    rank: NonNeg(L.MAX_WORLD_SIZE - 1) | None = Field(None, description="Global rank; null: every rank.")
+    step: Annotated[int, NonNeg(L.MAX_STEPS)]
+    rank: Annotated[int, NonNeg(L.MAX_WORLD_SIZE - 1)] | None = Field(None, description="Global rank; null: every rank.")
     for_mode: GraphMode | None = Field(None, description="Applies only to items of this configured mode.")
     for_stack: Annotated[str, Field(json_schema_extra={"enum": stack_names()})] | None = Field(
         None, description="Applies only to items that model this stack (one table for a `stack` matrix).")
     mode: RuntimeMode | None = Field(None, description="The runtime mode: NONE, PIECEWISE or FULL.")
-    bucket: Pos(L.MAX_CAPTURE_SIZE * 8) | None = Field(None, description="Padded token count T.")
-    num_tokens: NonNeg(L.MAX_CAPTURE_SIZE * 8) | None = Field(None, description="Real tokens on this rank.")
-    padded_tokens: NonNeg(L.MAX_CAPTURE_SIZE * 8) | None = Field(None, description="bucket - num_tokens.")
+    bucket: Annotated[int, Pos(L.MAX_CAPTURE_SIZE * 8)] | None = Field(None, description="Padded token count T.")
+    num_tokens: Annotated[int, NonNeg(L.MAX_CAPTURE_SIZE * 8)] | None = Field(None, description="Real tokens on this rank.")
+    padded_tokens: Annotated[int, NonNeg(L.MAX_CAPTURE_SIZE * 8)] | None = Field(None, description="bucket - num_tokens.")
     uniform: bool | None = Field(None, description="This rank's batch is uniform decode.")
-    num_reqs: NonNeg(L.MAX_CAPTURE_SIZE * 8) | None = None
-    num_reqs_padded: NonNeg(L.MAX_CAPTURE_SIZE * 8) | None = None
-    dummy_requests: NonNeg(L.MAX_CAPTURE_SIZE * 8) | None = Field(
+    num_reqs: Annotated[int, NonNeg(L.MAX_CAPTURE_SIZE * 8)] | None = None
+    num_reqs_padded: Annotated[int, NonNeg(L.MAX_CAPTURE_SIZE * 8)] | None = None
+    dummy_requests: Annotated[int, NonNeg(L.MAX_CAPTURE_SIZE * 8)] | None = Field(
         None, description="num_reqs_padded - num_reqs: fake or dummy requests the padding added.")
     descriptor: DispatchKey | None = Field(
         None, description="The key of the graph replayed; give `descriptor: null` with `mode: NONE`.")
-    ledger: dict[Annotated[str, Field(max_length=32)], NonNeg(L.MAX_CAPTURE_SIZE * 8)] | None = Field(
+    ledger: dict[Annotated[str, Field(max_length=32)], Annotated[int, NonNeg(L.MAX_CAPTURE_SIZE * 8)]] | None = Field(
         None, description="The padding ledger, exactly (real, bucket, spec, sp, dp, cp, ...).")
     metadata: DispatchMetadata | None = None
 
@@ -97,7 +97,7 @@ class DispatchRow(_Base):
     def pinned(self) -> dict[str, Any]:
         """The fields this row pins, as plain data (what the check compares)."""
         out = self.model_dump(mode="json", include=self.model_fields_set - {"step", "rank", "for_mode", "for_stack"})
-        if "metadata" in out:
+        if "metadata" in out and self.metadata is not None:
             out["metadata"] = self.metadata.model_dump(mode="json", include=self.metadata.model_fields_set)
         return out
 

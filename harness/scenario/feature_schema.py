@@ -10,7 +10,7 @@ registry of the moment, as an extra key.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
@@ -78,7 +78,7 @@ def build_features_model(base: type[BaseModel], consistency_error: type[Exceptio
         name: (cls.Settings, Field(default_factory=cls.Settings, description=cls.marker or None))
         for name, cls in classes.items()
     }
-    model = create_model("Features", __base__=_Features, **fields)
+    model = cast("type[BaseModel]", create_model("Features", __base__=_Features, **fields))
     model.__doc__ = ("Features by name (the registry: built-ins and entry points), each with its typed "
                      "settings; see docs/features.md.")
     return model
@@ -109,6 +109,6 @@ def build_fixes_model(base: type[BaseModel], consistency_error: type[Exception])
     for name, (feature, switch) in switches.items():
         fields[name] = (bool, Field(switch.default, description=f"{feature}: {switch.description} "
                                                                  f"(off: {switch.known_bad})"))
-    model = create_model("Fixes", __base__=_Fixes, **fields)
+    model = cast("type[BaseModel]", create_model("Fixes", __base__=_Fixes, **fields))
     model.__doc__ = "Fixes in the pipeline under test; ``false`` switches a fix off (the buggy pipeline)."
     return model

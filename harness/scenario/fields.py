@@ -34,13 +34,14 @@ NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 
 def Pos(maximum: int) -> Any:
-    """An int in ``1..maximum`` (the bounds of docs/scenarios.md, "Limits")."""
-    return Annotated[int, Field(ge=1, le=maximum)]
+    """The bounds ``1..maximum`` of an int (docs/scenarios.md, "Limits"), as annotation
+    metadata: ``Annotated[int, Pos(n)]`` (a call is not a type a type checker can read)."""
+    return Field(ge=1, le=maximum)
 
 
 def NonNeg(maximum: int) -> Any:
-    """An int in ``0..maximum``."""
-    return Annotated[int, Field(ge=0, le=maximum)]
+    """The bounds ``0..maximum`` of an int: ``Annotated[int, NonNeg(n)]``."""
+    return Field(ge=0, le=maximum)
 
 
 Text = Annotated[str, Field(max_length=L.MAX_STRING_CHARS)]

@@ -155,7 +155,7 @@ def _top_level(composed: Composed, path: str) -> dict[str, Any]:
                     f"the top level must be a mapping of scenario fields, got "
                     f"{type(raw).__name__}",
                     path=path,
-                    line=composed.root.start_mark.line + 1,
+                    line=composed.root_line,
                 )
             ]
         )
@@ -265,7 +265,7 @@ def _validate_points(base: dict[str, Any], expansion: _Expansion, overrides: Map
     """Validate every point: its axis values and the overrides set on the base data. A point
     that fails keeps its located errors, and, repaired, what the rest of it gives."""
     axes_names, indices = expansion.axes_names, expansion.indices
-    root_line = composed.root.start_mark.line + 1
+    root_line = composed.root_line
     matrix_line = tree.line_of(*tree.walk(("matrix",))[:2], prefer_key=True) if axes_names else None
     out = _Validated()
     for n, (axes, idx) in enumerate(zip(expansion.combos, indices)):

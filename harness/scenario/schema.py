@@ -111,7 +111,7 @@ class Scenario(_Base):
     tolerance: Tolerance | None = Field(
         None, description="null = the backend default (bitwise on the emulator)."
     )
-    steps: Pos(L.MAX_STEPS) = Field(16, description="Maximum decode steps to run.")
+    steps: Annotated[int, Pos(L.MAX_STEPS)] = Field(16, description="Maximum decode steps to run.")
     engine: EngineSpec = Field(default_factory=EngineSpec)
     stack: Annotated[str, Field(json_schema_extra={"enum": stack_names()})] | None = Field(
         None, description="The release the run models (version profiles, docs/conformance.md): one of "

@@ -7,7 +7,7 @@ scenario's (:mod:`.rules`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import Field, PlainValidator, WithJsonSchema, field_validator, model_validator
 
@@ -35,17 +35,17 @@ class ModelSpec(_Base):
     """The decoder LM under test (built by ``harness.model``)."""
 
     kind: Literal["canary", "random"] = "canary"
-    layers: Pos(L.MAX_LAYERS) = 2
-    hidden_size: Pos(L.MAX_HIDDEN_SIZE) = 64
-    num_heads: Pos(L.MAX_HEADS) = 4
-    num_kv_heads: Pos(L.MAX_HEADS) = 2
-    head_dim: Pos(L.MAX_HEAD_DIM) = 16
-    vocab_size: Pos(L.MAX_VOCAB_SIZE) = 512
+    layers: Annotated[int, Pos(L.MAX_LAYERS)] = 2
+    hidden_size: Annotated[int, Pos(L.MAX_HIDDEN_SIZE)] = 64
+    num_heads: Annotated[int, Pos(L.MAX_HEADS)] = 4
+    num_kv_heads: Annotated[int, Pos(L.MAX_HEADS)] = 2
+    head_dim: Annotated[int, Pos(L.MAX_HEAD_DIM)] = 16
+    vocab_size: Annotated[int, Pos(L.MAX_VOCAB_SIZE)] = 512
     dtype: Literal["float32", "bfloat16"] = "float32"
-    seed: NonNeg(L.MAX_SEED) = 0
-    block_size: Pos(L.MAX_BLOCK_SIZE) = 16
-    num_blocks: Pos(L.MAX_NUM_BLOCKS) = 128
-    max_model_len: Pos(L.MAX_MODEL_LEN) = 512
+    seed: Annotated[int, NonNeg(L.MAX_SEED)] = 0
+    block_size: Annotated[int, Pos(L.MAX_BLOCK_SIZE)] = 16
+    num_blocks: Annotated[int, Pos(L.MAX_NUM_BLOCKS)] = 128
+    max_model_len: Annotated[int, Pos(L.MAX_MODEL_LEN)] = 512
 
     @model_validator(mode="after")
     def _consistent(self) -> "ModelSpec":
@@ -112,20 +112,20 @@ class GraphSpec(_Base):
     """Graph-mode configuration (vLLM ``CompilationConfig`` / vLLM Ascend equivalents)."""
 
     mode: GraphMode = "FULL"
-    capture_sizes: Annotated[list[Pos(L.MAX_CAPTURE_SIZE)], Field(max_length=L.MAX_CAPTURE_SIZES)] | None = Field(
+    capture_sizes: Annotated[list[Annotated[int, Pos(L.MAX_CAPTURE_SIZE)]], Field(max_length=L.MAX_CAPTURE_SIZES)] | None = Field(
         default=None,
         description="Explicit capture sizes (deduplicated and sorted on load); "
         "null = the platform default rule.",
     )
-    max_num_seqs: Pos(L.MAX_NUM_SEQS) = 8
-    num_speculative_tokens: NonNeg(L.MAX_SPEC_TOKENS) = Field(
+    max_num_seqs: Annotated[int, Pos(L.MAX_NUM_SEQS)] = 8
+    num_speculative_tokens: Annotated[int, NonNeg(L.MAX_SPEC_TOKENS)] = Field(
         default=0, description=mirrored_by("graph.num_speculative_tokens")
     )
     platform: Literal["npu", "gpu"] = "npu"
-    max_capture_size: Pos(L.MAX_CAPTURE_SIZE) | None = Field(
+    max_capture_size: Annotated[int, Pos(L.MAX_CAPTURE_SIZE)] | None = Field(
         default=None, description="User max capture size; null = the platform default max."
     )
-    warmup_runs: NonNeg(L.MAX_WARMUP_RUNS) = 1
+    warmup_runs: Annotated[int, NonNeg(L.MAX_WARMUP_RUNS)] = 1
     attention_backend: Literal[tuple(ATTENTION_BACKENDS)] = Field(  # type: ignore[valid-type]
         default="ascend", description="The attention backend whose declared graph support (AttentionCGSupport) "
         "the engine resolves the graph mode from: " + ", ".join(
@@ -177,11 +177,11 @@ class GraphSpec(_Base):
 
 
 class RequestSpec(_Base):
-    prompt_len: Pos(L.MAX_TOKENS)
-    output_len: Pos(L.MAX_TOKENS)
-    arrival_step: NonNeg(L.MAX_STEPS) = Field(
+    prompt_len: Annotated[int, Pos(L.MAX_TOKENS)]
+    output_len: Annotated[int, Pos(L.MAX_TOKENS)]
+    arrival_step: Annotated[int, NonNeg(L.MAX_STEPS)] = Field(
         default=0, description="The step the request arrives at; must be below `steps`.")
-    repeat: Pos(L.MAX_REQUESTS) = Field(default=1, description="That many identical requests.")
+    repeat: Annotated[int, Pos(L.MAX_REQUESTS)] = Field(default=1, description="That many identical requests.")
 
 
 def _check_req(v: Any) -> Union[str, int]:
@@ -199,7 +199,7 @@ ReqName = Annotated[
 
 class StepEntry(_Base):
     req: ReqName = Field(description="Request name or number.")
-    new_tokens: Pos(L.MAX_TOKENS)
+    new_tokens: Annotated[int, Pos(L.MAX_TOKENS)]
 
 
 class Workload(_Base):
@@ -210,8 +210,8 @@ class Workload(_Base):
         list[Annotated[list[StepEntry], Field(min_length=1, max_length=L.MAX_REQUESTS)]],
         Field(max_length=L.MAX_STEPS),
     ] | None = None
-    max_num_batched_tokens: Pos(L.MAX_TOKENS) = 512
-    prompt_seed: NonNeg(L.MAX_SEED) = 0
+    max_num_batched_tokens: Annotated[int, Pos(L.MAX_TOKENS)] = 512
+    prompt_seed: Annotated[int, NonNeg(L.MAX_SEED)] = 0
 
     @model_validator(mode="after")
     def _consistent(self) -> "Workload":
@@ -256,10 +256,25 @@ class Workload(_Base):
 
 
 # Generated from the feature registry: each feature owns its settings and its fix switches.
-Fixes = build_fixes_model(_Base, ConsistencyError)
-Features = build_features_model(_Base, ConsistencyError)
-# Built at run time, but importable by these names: a scenario pickles (ranks receive resolved items).
-Fixes.__module__ = Features.__module__ = __name__
+if TYPE_CHECKING:  # what a type checker can know of them: the core fixes; features by name
+
+    class Fixes(_Base):
+        device_placement: bool = True
+        fia_padding: bool = True
+        host_param_update: bool = True
+        static_inputs: bool = True
+        refresh_device_buffers: bool = True
+        sync_before_replay: bool = True
+
+        def __getattr__(self, switch: str) -> bool: ...  # a registered feature's switch
+
+    class Features(_Base):
+        def __getattr__(self, name: str) -> Any: ...  # a registered feature's settings
+else:
+    Fixes = build_fixes_model(_Base, ConsistencyError)
+    Features = build_features_model(_Base, ConsistencyError)
+    # Built at run time, but importable by these names: a scenario pickles (ranks receive resolved items).
+    Fixes.__module__ = Features.__module__ = __name__
 
 
 class Tolerance(_Base):
@@ -268,8 +283,8 @@ class Tolerance(_Base):
 
 
 class EngineSpec(_Base):
-    stream_pool: Pos(L.MAX_STREAM_POOL) = 2048
-    streams_per_graph: Pos(L.MAX_STREAMS_PER_GRAPH) = 1
+    stream_pool: Annotated[int, Pos(L.MAX_STREAM_POOL)] = 2048
+    streams_per_graph: Annotated[int, Pos(L.MAX_STREAMS_PER_GRAPH)] = 1
     budget_policy: Literal["legacy", "none"] | None = Field(
         None, description="The stream budget: legacy (vLLM Ascend update_aclgraph_sizes) or none (PR #9962); "
         "null = the stack's (see `stack`).")

@@ -96,6 +96,11 @@ class Composed:
     duplicates: list[tuple[Loc, int, str]] = field(default_factory=list)
     values: int = 0  # scalars, mappings and sequences, each alias counted as what it expands to
 
+    @property
+    def root_line(self) -> int:
+        """The 1-based line the document starts on (1 for an empty one)."""
+        return self.root.start_mark.line + 1 if self.root is not None else 1
+
 
 @dataclass
 class _Open:
@@ -111,7 +116,7 @@ class _Open:
 
 
 def _line(event: ev.Event) -> int:
-    return event.start_mark.line + 1
+    return event.start_mark.line + 1 if event.start_mark is not None else 1  # the parser marks every event
 
 
 def compose_text(text: str, path: str) -> Composed:
@@ -197,7 +202,8 @@ class _Composer:
         if tag == _INT and len(event.value) > MAX_INT_DIGITS:
             raise _fail(f"integer of {len(event.value)} characters is above the maximum of "
                         f"{MAX_INT_DIGITS} digits", self.path, _line(event), _fmt(self._child_loc()))
-        node = ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)
+        # (types-PyYAML types the C parser's marks apart from yaml.error.Mark; nodes take either)
+        node = ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)  # type: ignore[arg-type]
         self._count(1, event)
         if event.anchor is not None:
             self._check_new_anchor(event.anchor, event)
@@ -210,7 +216,7 @@ class _Composer:
         tag = event.tag
         if tag is None or tag == "!":
             tag = self.resolver.resolve(kind, None, event.implicit)
-        node = kind(tag, [], event.start_mark, None, flow_style=event.flow_style)
+        node = kind(tag, [], event.start_mark, None, flow_style=event.flow_style)  # type: ignore[arg-type]
         if len(self.stack) + 1 > MAX_DEPTH:
             raise _fail(f"the file nests deeper than the maximum of {MAX_DEPTH} levels", self.path,
                         _line(event))
