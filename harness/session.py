@@ -110,7 +110,8 @@ def build_spec(item: ResolvedItem, ctx: RankContext = SINGLE_RANK) -> PipelineSp
         workload = Workload(requests=tuple(plans), max_num_batched_tokens=w.max_num_batched_tokens,
                             prompt_seed=w.prompt_seed)
     else:
-        batches = tuple(tuple((str(e.req), e.new_tokens) for e in step) for step in w.steps)
+        # (the schema gives a workload requests or steps, never neither)
+        batches = tuple(tuple((str(e.req), e.new_tokens) for e in step) for step in w.steps or ())
         workload = Workload(explicit=batches, max_num_batched_tokens=w.max_num_batched_tokens,
                             prompt_seed=w.prompt_seed)
     return PipelineSpec(item.model, graph, workload, scenario.steps, scenario.fia_contract, item.features,
@@ -171,8 +172,8 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
         run_item(item, point, result)
     except PointSkipped as skipped:
         result.verdict = skipped.reason
-    except ItemProblem as problem:  # collection refuses it; a direct caller gets this
-        result.outcome, result.verdict = FAILED, f"{problem.field}: {problem.message}"
+    except ItemProblem as refused:  # collection refuses it; a direct caller gets this
+        result.outcome, result.verdict = FAILED, f"{refused.field}: {refused.message}"
     except UnsupportedOnBackend as error:  # a setting this backend refuses: not a finding
         result.outcome, result.verdict = SKIPPED, f"unsupported on {resolved}: {error}"
     except Exception as error:  # noqa: BLE001 - a crash is this item's result, never the suite's
@@ -318,9 +319,10 @@ def _run_ranks(item: ResolvedItem) -> tuple[dict[str, CheckResult], RunRecord, l
         record.errors.append(PathError("graph", None, f"rank {failure.rank}", failure.kind, failure.message,
                                        category=ErrorCategory.RANK))
         summary = f"rank {failure.rank} {failure.kind}: {failure.message}"
-        checks = {EXECUTION: CheckResult(EXECUTION, False, summary, None, {"ranks": outcome.report()})}
+        checks: dict[str, CheckResult] = {EXECUTION: CheckResult(EXECUTION, False, summary, None,
+                                                                 {"ranks": outcome.report()})}
         return checks, record, [layout, outcome.report()]
-    per_rank = outcome.results
+    per_rank = [returned for returned in outcome.results if returned is not None]  # ok: every rank returned
     merged: dict[str, CheckResult] = {}
     for name in per_rank[0][1]:
         results = [(rank, checks[name]) for rank, (_, checks) in enumerate(per_rank) if name in checks]
