@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import Any
 
-from harness.graph.record import RunRecord
+from harness.graph.record import RunRecord, fia_calls_by_phase
 from harness.report.charts import step_padding
 from harness.report.view import check_states
 
@@ -85,6 +85,7 @@ def run_evidence(record: RunRecord | None) -> dict[str, Any]:
         "padding": step_padding(steps),  # the page chart's data, kept for every item
         "texts": record.texts,
         "fia_calls": len(record.fia_calls),
+        "fia_calls_by_phase": fia_calls_by_phase(record.fia_calls),  # the graph path's, by phase
         "speculation": record.speculation,
         "notes": record.notes,
     }
