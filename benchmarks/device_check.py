@@ -34,8 +34,9 @@ What it checks, through the torch.npu-shaped names of ``harness.engine.load("cud
 Every check runs even when an earlier one fails; the summary lists them all. Where neither a GPU
 nor an NPU is present the script prints SKIP and exits 0.
 
-``--emulate`` runs the same steps on the CPU emulator (``load("emulated")``, device cpu) to
-test this script where no GPU is lent; it is not a device check and skips the CUDA-only checks.
+``--emulate`` runs the same steps on the CPU emulator (``load("emulated")``, on its own device
+memory, so a tensor this script left on the host fails there as it would on a GPU) to test this
+script where no GPU is lent; it is not a device check and skips the CUDA-only checks.
 """
 
 from __future__ import annotations
@@ -67,9 +68,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verdicts", action="store_true",
                         help="with --emulate: also run the scenario-verdict comparison (emulated vs emulated)")
     parser.add_argument("--no-verdicts", action="store_true", help="skip the scenario-verdict comparison")
+    parser.add_argument("--no-device-checks", action="store_true",
+                        help="only the scenario-verdict comparison (checks 1 to 5 skipped)")
     parser.add_argument("--scenarios", nargs="+", default=None, metavar="PATH",
                         help="scenario files or folders for the verdict comparison")
-    parser.add_argument("-k", dest="keyword", default=None, help="pytest -k expression for the comparison")
+    parser.add_argument("-k", dest="keyword", default=None,
+                        help="pytest -k expression for the comparison (default: the default selection's, "
+                             "none with --scenarios)")
+    parser.add_argument("--mode", default=None, help="pytest --mode for both runs (e.g. all five, comma-separated)")
+    parser.add_argument("--workers", type=int, default=0, help="pytest-xdist workers for both runs (0: none)")
     parser.add_argument("--out", default="reports/device-check", help="folder for verdicts.json / verdicts.txt")
     parser.add_argument("--verdict-budget", type=float, default=480.0, help="seconds for both verdict runs")
     args = parser.parse_args(argv)
@@ -93,8 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         results.append((name, status, f"{detail} ({time.perf_counter() - started:.2f}s)"))
         print(f"[{status}] {name}: {results[-1][2]}", flush=True)
 
-    where = "the CPU emulator"
-    if args.emulate or device == "cuda":
+    where = "the CPU emulator" if args.emulate else f"a {device} device"
+    if args.no_device_checks:
+        pass
+    elif args.emulate or device == "cuda":
         try:
             ctx = Context(emulate=args.emulate)
         except Exception as error:  # noqa: BLE001 - nothing else can run; still a clean FAIL
@@ -147,8 +156,9 @@ def check_verdicts(target: str, args: argparse.Namespace) -> str:
     from verdicts import DEFAULT_K, verdicts_beside_emulator
 
     out = Path(args.out)
-    rows, text = verdicts_beside_emulator(target, out, args.scenarios, args.keyword or DEFAULT_K,
-                                          args.verdict_budget)
+    k = args.keyword if args.keyword is not None else (DEFAULT_K if args.scenarios is None else None)
+    extra = ((f"--mode={args.mode}",) if args.mode else ()) + (("-n", str(args.workers)) if args.workers else ())
+    rows, text = verdicts_beside_emulator(target, out, args.scenarios, k, args.verdict_budget, extra)
     print(text, flush=True)
     runs = json.loads((out / "verdicts.json").read_text())["runs"]
     errors = {name: run["run_error"] for name, run in runs.items() if run.get("run_error")}
@@ -169,7 +179,7 @@ class Context:
         self.engine = load("emulated" if emulate else "cuda")
         if emulate:
             self.engine.reset_device()
-        self.device = torch.device("cpu" if emulate else "cuda")
+        self.device = self.engine.device  # the emulated NPU's own memory, or the GPU: never the host
         self.cfg = ModelConfig(kind="random", num_layers=3, hidden_size=64, num_heads=4, num_kv_heads=2,
                                head_dim=16, vocab_size=257, block_size=4, num_blocks=64, max_model_len=64,
                                seed=11)

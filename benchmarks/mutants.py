@@ -193,7 +193,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # -- the synchronize before a FULL replay (async scheduling) --------------------------------
     Mutant("no-sync-before-replay", "sync_before_replay", _W,
            "            self.engine.current_stream().synchronize()\n",
-           "",
+           "            pass\n",
            "the synchronize before a FULL replay dropped: the next step's update races the queued replay",
            ("scenarios/async_scheduling.yaml",)),
     Mutant("async-reads-whole-stream", "sync_before_replay", _R,

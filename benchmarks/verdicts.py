@@ -39,8 +39,11 @@ DEFAULT_SELECTION: tuple[str, ...] = (
 DEFAULT_K = "not between and not eight_at_8"
 
 
-def run_selection(backend: str, files: list[str], k: str | None, out: Path, timeout_s: float) -> dict[str, Any]:
+def run_selection(backend: str, files: list[str], k: str | None, out: Path, timeout_s: float,
+                  extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """Run the selection under ``backend`` in a fresh pytest process; return the results payload.
+
+    ``extra``: more pytest arguments (``--mode=...``, ``-n 8``), the same for both backends.
 
     Never raises for the run itself: a timeout or a crash gives a payload with no items and a
     ``"run_error"``, so the table still gets written.
@@ -51,6 +54,7 @@ def run_selection(backend: str, files: list[str], k: str | None, out: Path, time
            f"--results-json={out}"]
     if k:
         cmd += ["-k", k]
+    cmd += list(extra)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     started = time.perf_counter()
     try:
@@ -91,16 +95,17 @@ def write_table(rows: list[Row], out_dir: Path, device_name: str, runs: dict[str
 
 
 def verdicts_beside_emulator(device_backend: str, out_dir: Path, files: list[str] | None = None,
-                             k: str | None = DEFAULT_K, budget_s: float = 540.0) -> tuple[list[Row], str]:
+                             k: str | None = DEFAULT_K, budget_s: float = 540.0,
+                             extra: tuple[str, ...] = ()) -> tuple[list[Row], str]:
     """Run the selection on the emulator, then on ``device_backend``; write and return the table.
 
     ``budget_s`` bounds both runs together (the emulator gets at most 45% of it).
     """
     files = list(files or DEFAULT_SELECTION)
     started = time.perf_counter()
-    emulated = run_selection("emulated", files, k, out_dir / "emulated.json", 0.45 * budget_s)
+    emulated = run_selection("emulated", files, k, out_dir / "emulated.json", 0.45 * budget_s, extra)
     left = max(30.0, budget_s - (time.perf_counter() - started))
-    device = run_selection(device_backend, files, k, out_dir / f"{device_backend}.json", left)
+    device = run_selection(device_backend, files, k, out_dir / f"{device_backend}.json", left, extra)
     rows = compare(emulated, device)
     write_table(rows, out_dir, device_backend, {"emulated": emulated, device_backend: device})
     return rows, render_text(rows, device_backend)

@@ -21,7 +21,10 @@ def check_stream_budget(record: RunRecord) -> CheckResult:
     if not record.graphs_captured:
         return not_evaluated(CheckName.STREAM_BUDGET, "no graph was captured", details)
     in_use, pool = usage.get("in_use"), usage.get("pool_size")
-    if in_use is None or not pool:
+    if not pool:  # CUDA graphs: streams are not drawn from a fixed pool, so there is no budget to keep
+        return not_evaluated(CheckName.STREAM_BUDGET, f"{record.graphs_captured} graphs captured on an engine with "
+                             "no graph stream pool: no budget to exceed", details)
+    if in_use is None:
         summary = f"{record.graphs_captured} graphs captured; the runtime reports no stream count"
     else:
         summary = f"{record.graphs_captured} graphs, {in_use} of {pool} streams ({100 * in_use / pool:.1f}%)"

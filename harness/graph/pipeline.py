@@ -320,7 +320,7 @@ class Stepper:
             reference_metadata=_host_lists(meta),
         )
         if previous is not None:  # keep what the reference path already put there
-            rec.sampled, rec.logits = previous.sampled, previous.logits
+            rec.sampled, rec.logits, rec.seconds = previous.sampled, previous.logits, previous.seconds
         return rec
 
     def _execute(self, name: str, path: Path, step: Step | None, plan: StepPlan, rec: StepRecord,
@@ -345,12 +345,15 @@ class Stepper:
                 if name == "graph" and self.async_scheduling:
                     self._launch(path, step, plan, rec, inputs, previous)
                     return
+                # each path's wall time to its logits on the host (what a replay buys over eager)
+                started = time.perf_counter()
                 if name == "graph":
                     logits, rec.executed = self.runner.execute(plan, inputs.input_ids)
                     rec.host_lists_unverifiable = plan.runtime_mode is CUDAGraphMode.FULL and rec.executed is None
                 else:
                     with self.runner.engine.stream(self.eager_stream):
                         logits = self.eager[name].execute(inputs).cpu()
+                rec.seconds[name] = time.perf_counter() - started
         if plan.kind is PlanKind.IDLE:  # an idle DP rank ran dummies: nothing to sample
             path.batcher.commit(None, {}, {})
             return
@@ -427,7 +430,6 @@ class Stepper:
         """Read the last graph step still in flight (the steps ran out before it was read)."""
         if not self._resolve(graph_path, self._take_in_flight()):
             graph_path.finished = True
-
 
 
 def feature_fix(features: Sequence[Any], switch: str) -> bool:

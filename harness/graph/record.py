@@ -96,6 +96,7 @@ class StepRecord:
     # the graph path's draft (speculative decoding): its dispatch, and for a draft graph the host
     # lists of each round and what each task group executed (harness.graph.draft_runner)
     draft: dict[str, Any] | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # path -> wall time to its logits on the host
 
 
 @dataclass

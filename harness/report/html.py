@@ -28,6 +28,7 @@ import jinja2
 import yaml
 
 from harness.report import charts
+from harness.report.timing import replay_by_bucket
 from harness.report.view import (EXPLAINED, FAIL, check_states, feature_label, first_failure,
                                  fixes_off, item_mode)
 
@@ -470,6 +471,8 @@ def render_page(records: list[Mapping], *, media: bool = True, collapsed: str = 
         "css": _static("report.css"), "script": _static("report.js"),
         "grid": grid, "outcomes": outcomes, "total": len(records),
         "waste_chart": charts.safely(charts.padding_waste_svg, records),
+        "replay": replay_by_bucket(records),
+        "backends": sorted({_text(r.get("backend")) for r in records} - {""}),
         "peak": None if peak is None else {"pct": f"{peak[0]:.1f}%", "mode": item_mode(peak[1]),
                                            "features": feature_label(peak[1].get("scenario")),
                                            "name": _text(peak[1].get("name"))},

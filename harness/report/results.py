@@ -29,6 +29,7 @@ from typing import Any
 
 from harness.graph.record import RunRecord, fia_calls_by_phase
 from harness.report.charts import step_padding
+from harness.report.timing import step_timing
 from harness.report.view import check_states
 
 SCHEMA_VERSION = 2
@@ -83,6 +84,7 @@ def run_evidence(record: RunRecord | None) -> dict[str, Any]:
         "errors": [asdict(e) for e in record.errors],
         "steps": steps,
         "padding": step_padding(steps),  # the page chart's data, kept for every item
+        "timing": step_timing(steps),  # replay against eager per bucket: the page's table, kept too
         "texts": record.texts,
         "fia_calls": len(record.fia_calls),
         "fia_calls_by_phase": fia_calls_by_phase(record.fia_calls),  # the graph path's, by phase

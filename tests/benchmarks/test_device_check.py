@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,42 @@ def test_two_emulator_runs_agree_and_the_table_is_written(tmp_path):
 def test_a_run_that_writes_nothing_is_reported_not_raised(tmp_path):
     payload = verdicts.run_selection("emulated", ["scenarios/does_not_exist.yaml"], None, tmp_path / "r.json", 300)
     assert payload["items"] == [] and payload["run_error"]
+
+
+def test_the_device_checks_pass_on_the_emulated_device():
+    """``--emulate``: the checks a GPU runs, on the emulator's own device memory, where a tensor
+    the script left on the host makes the capture fail as it does on a GPU (the emulator caught
+    the script's own host-placed model once the device stopped being the host)."""
+    device_check = _load("device_check")
+    ctx = device_check.Context(emulate=True)
+    assert ctx.device.type == "npu" and ctx.model.device == ctx.device
+    assert "argmax equal on 8/8" in ctx.check_full_graph()
+    assert "later steps stale" in ctx.check_stale_control()
+
+
+def test_the_whole_library_comparison_takes_modes_and_workers(tmp_path):
+    """What ``benchmarks/device_run.sh`` asks of a device (``--scenarios`` with no ``-k``, all
+    modes, workers), run with the emulator on both sides."""
+    device_check = _load("device_check")
+    code = device_check.main(["--emulate", "--verdicts", "--no-device-checks", "--scenarios",
+                              "scenarios/explicit_steps.yaml", "--mode=NONE,FULL", "--workers", "2",
+                              "--out", str(tmp_path)])
+    assert code == 0
+    table = json.loads((tmp_path / "verdicts.json").read_text())
+    assert {row["item"].split("[")[1].split("-")[0].rstrip("]") for row in table["rows"]} == {"NONE", "FULL"}
+    assert all(row["agree"] for row in table["rows"])
+
+
+def test_the_device_run_script_skips_cleanly_without_a_device(tmp_path):
+    try:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("a GPU is present: the script would run for minutes")
+    except ImportError:
+        pass
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "device_run.sh"), str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHON=sys.executable))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no device here: the library comparison is skipped" in proc.stdout
+    assert "torch " in (tmp_path / "env.txt").read_text()
+    assert (tmp_path / "device_check.log").read_text().startswith("SKIP: no GPU or NPU")

@@ -69,6 +69,13 @@ def test_stream_budget_fails_on_207008_and_reports_utilisation():
     assert not check_stream_budget(record).passed
 
 
+def test_stream_budget_is_not_evaluated_on_an_engine_without_a_stream_pool():
+    record = RunRecord("FULL", "cuda", [1, 2])  # CUDA graphs: what harness.engine.cuda reports
+    record.graphs_captured, record.stream_usage = 2, {"pool_size": None, "in_use": None, "graphs": 2}
+    result = check_stream_budget(record)
+    assert not result.evaluated and "no graph stream pool" in result.summary
+
+
 def test_equality_bitwise_on_the_emulator_and_first_mismatch_located():
     base = torch.zeros(2, 4)
     bumped = base.clone()

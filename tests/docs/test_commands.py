@@ -29,7 +29,7 @@ BIN = Path(sys.executable).parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_BLOCKS = {"", "sh", "shell", "bash", "console"}
 PROGRAMS = ("make", ".venv/bin/pytest", ".venv/bin/python", ".venv/bin/graph-harness", "python", "pytest",
-            "graph-harness")
+            "graph-harness", "bash")
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,8 @@ CLAIMS = {
     "--self-contained-html": _walkthrough,
     ".venv/bin/graph-harness check scenarios":
         lambda out, reports: re.search(r"^checked (\d+) file\(s\): \1 valid with \d+ item\(s\)$", out, re.M),
+    "bash benchmarks/device_run.sh reports/device-run":  # on this CPU machine: the environment, then the skip
+        lambda out, reports: "torch " in out and ("no device here" in out or (reports / "device-run/verdicts.txt").exists()),
     "graph-harness diff tests/triage/data/same_commit_a.json tests/triage/data/same_commit_b.json":
         lambda out, reports: out.splitlines()[1] == "no changes",
 }
