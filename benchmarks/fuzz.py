@@ -15,8 +15,9 @@ exactly as pytest does (:func:`harness.collection.collect_points`), runs what co
   its file, to rerun under pytest.
 
 The space is the shipped features' (SP, DP with its three batch kinds, MTP, CP), every mode and
-stack, small random models and KV caches, and request workloads with arrivals and repeats.
-Every item gets a 60 s limit, so a hang costs a minute, not the default ten.
+stack, attention backend, compilation mode and async scheduling, small random models and KV
+caches, and request workloads with arrivals and repeats. Every item gets a 60 s limit, so a hang
+costs a minute, not the default ten.
 
     .venv/bin/python benchmarks/fuzz.py --count 150 --seed 1     # writes reports/fuzz/
 """
@@ -37,8 +38,25 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+ATTENTION_BACKENDS = ("ascend", "ascend_mla", "ascend_sfa", "flash_attn_3", "flash_attn_2", "flashinfer",
+                      "no_full_graphs")
+COMPILATION_MODES = ("VLLM_COMPILE", "NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE")
 STACKS = ("v0.15.0rc1", "v0.18.0", "v0.23.0", "main", "main+pr16623", "harness-compose")
 BUG_PREFIXES = ("harness error", "execution", "nothing was compared")  # execution: a rank raised or hung
+
+
+def graph_extras(rng: random.Random) -> str:
+    """The graph section's engine and scheduling settings, each left at its default half the time."""
+    extras = []
+    if rng.random() < 0.3:
+        extras.append(f"attention_backend: {rng.choice(ATTENTION_BACKENDS)}")
+    if rng.random() < 0.2:
+        extras.append(f"compilation_mode: {rng.choice(COMPILATION_MODES)}")
+    if rng.random() < 0.3:
+        extras.append("async_scheduling: true")
+    if rng.random() < 0.2:
+        extras.append("platform: gpu")
+    return "".join(f", {e}" for e in extras)
 
 
 def random_scenario(rng: random.Random, name: str) -> str:
@@ -71,7 +89,8 @@ def random_scenario(rng: random.Random, name: str) -> str:
         f"num_heads: {heads}, num_kv_heads: {kv_heads}, head_dim: {rng.choice([2, 4, 8])}, "
         f"block_size: {block_size}, num_blocks: {num_blocks}, max_model_len: {max_model_len}, "
         f"dtype: {rng.choice(['float32', 'bfloat16'])}}}",
-        f"graph: {{mode: {rng.choice(MODES)}, capture_sizes: {sizes}, max_num_seqs: {rng.choice([1, 2, 4, 8])}}}",
+        f"graph: {{mode: {rng.choice(MODES)}, capture_sizes: {sizes}, max_num_seqs: {rng.choice([1, 2, 4, 8])}"
+        f"{graph_extras(rng)}}}",
         f"steps: {rng.choice([4, 8, 16])}",
     ]
     if rng.random() < 0.5:

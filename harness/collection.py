@@ -81,7 +81,7 @@ def collect_points(path: str | Path, modes: list[str] | None = None,
     problems: dict[tuple, tuple[ScenarioError, list[str]]] = {}  # one entry per distinct problem
     for mode, overrides in runs:
         try:
-            loaded = [(p, frozenset()) for p in
+            loaded: list[tuple[ScenarioPoint, frozenset[str]]] = [(p, frozenset()) for p in
                       load_scenario_file(path, overrides=overrides or None, combinations=combinations)]
         except ScenarioFileError as failure:
             errors.extend(failure.errors)

@@ -11,8 +11,11 @@ import enum
 __all__ = ["CheckName"]
 
 
-class CheckName(enum.StrEnum):
-    """The checks, by the names scenarios (``expect: {fail: [...]}``), results and reports use."""
+class CheckName(str, enum.Enum):
+    """The checks, by the names scenarios (``expect: {fail: [...]}``), results and reports use.
+
+    A ``str`` whose ``str()`` and format are its value, as 3.11's ``enum.StrEnum`` (the project
+    supports Python 3.10)."""
 
     FIA_INVARIANT = "fia_invariant"
     EQUALITY = "equality"
@@ -20,3 +23,9 @@ class CheckName(enum.StrEnum):
     STREAM_BUDGET = "stream_budget"
     DISPATCH = "dispatch"  # the scenario's dispatch table (expect.dispatch) against the steps the run chose
     EXECUTION = "execution"  # a path raised something no check explains: a harness or pipeline crash
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)

@@ -166,6 +166,21 @@ def _magnitude_key(section: dict[str, Any], default: dict[str, Any]) -> str | No
     return None
 
 
+def _drop_mirrors(data: dict[str, Any]) -> None:
+    """Leave out every field that mirrors a feature's setting (``Feature.mirrors``), so that a
+    lowered setting is not contradicted by its mirror's old value."""
+    from harness.features import registry
+
+    for cls in registry().values():
+        for path in cls.mirrors:
+            *parents, leaf = path.split(".")
+            section: object = data
+            for part in parents:
+                section = section.get(part) if isinstance(section, dict) else None
+            if isinstance(section, dict):
+                section.pop(leaf, None)
+
+
 def feature_label(name: str, data: dict[str, Any]) -> str:
     section = data["features"].get(name) or {}
     key = _magnitude_key(section, _defaults()["features"].get(name, {}))
@@ -285,7 +300,7 @@ def narrow(point: ScenarioPoint, *, runner: Runner, target: str = "", check: str
     say = (lambda trial: progress(trial_line(trial))) if progress else None
     data = point.scenario.model_dump(mode="json")
     data["expect"] = {}  # trials are judged by their checks, not by the scenario's expectation
-    data["graph"].pop("num_speculative_tokens", None)  # a mirror of features.mtp.k: follows it
+    _drop_mirrors(data)  # a feature's mirrors follow its settings as they are narrowed
     search = _Search(runner, point, check or "", max_trials + 1, on_trial=say)  # +1: the original run
     first = runner(_as_point(data, point) or point)
     failed = list(first.failed_checks)

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from harness.scenario import Scenario
-from harness.scenario.cross import SELECTIONS, select
+from harness.scenario.cross import SELECTIONS, Selection, select
 from harness.scenario.limits import item_timeout
 from harness.scenario.loader import Combinations
 
@@ -49,7 +49,7 @@ def combinations(config: pytest.Config, path: Path, modes: list[str] | None,
     (``--stack``) is what a point that names no stack is judged under."""
     if not _declares_pairwise(path):
         return None
-    how = config.getoption("--matrix") or "pairwise"
+    how: Selection = config.getoption("--matrix") or "pairwise"  # the option's choices are SELECTIONS
 
     def chosen(matrix: dict[str, list[Any]], excludes: list[dict[str, Any]]):
         restrict = None

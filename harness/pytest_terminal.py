@@ -52,7 +52,8 @@ class TerminalGlue:
             return
         record = report_record(report)
         if record is not None and isinstance(report.longrepr, str):
-            report.longrepr = FailureRepr(report.longrepr, summary_line(record, _line_of(record.get("source", ""))))
+            report.longrepr = FailureRepr(  # type: ignore[assignment]  # duck-typed: pytest reads toterminal, reprcrash
+                report.longrepr, summary_line(record, _line_of(record.get("source", ""))))
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # around the terminal reporter's own summary
     def pytest_terminal_summary(self, terminalreporter: Any):
@@ -73,7 +74,7 @@ class TerminalGlue:
                 stats["xfailed"] = xfailed
                 if not _short_summary_written(terminalreporter, folded):
                     terminalreporter.write_sep("=", "short test summary info", cyan=True, bold=True)
-                line = known_bad_line(str(report_record(r).get("source") or r.nodeid) for r in folded)
+                line = known_bad_line(str((report_record(r) or {}).get("source") or r.nodeid) for r in folded)
                 terminalreporter.write_line(line, yellow=True)
 
 

@@ -20,14 +20,12 @@ from typing import Any
 from harness import features as registry
 from harness.engine.protocol import CAPABILITIES, Capabilities
 from harness.features import Feature, active_features
-from harness.features.layout import axis_sizes
 from harness.graph.capability import ATTENTION_BACKENDS, AttentionPathUnavailable, Resolution, resolve
 from harness.graph.capture_sizes import EngineRefusal, SizeResolution, resolve_sizes
 from harness.graph.modes import CUDAGraphMode, parse_mode, resolve_mode
 from harness.graph.plan import dummy_request_lens
 from harness.graph.stream_budget import BudgetDecision, stream_budget
 from harness.model.config import ModelConfig
-from harness.model.parallel import tp_split_problem
 from harness.scenario import Scenario
 from harness.scenario.bounds import MAX_WORLD_SIZE
 from harness.stacks import StackProfile, profile
@@ -206,18 +204,16 @@ def legacy_budget_inputs(scenario: Scenario, features: tuple[Feature, ...], mode
 
 
 def _model(scenario: Scenario, features: tuple[Feature, ...]) -> ModelConfig:
-    """The model config, and a model the TP ranks can split (else the field to change)."""
+    """The model config, and a model every feature can split (else the field to change)."""
     try:
         config = model_config(scenario)
     except ValueError as error:
         fields = type(scenario.model).model_fields
         named = next((f for f in fields if f in str(error)), None)
         raise ItemProblem(f"model.{named}" if named else "model", str(error)) from None
-    tp = dict(axis_sizes(list(features))).get("tp", 1)
-    if tp > 1 and (split := tp_split_problem(config, tp)) is not None:
-        field, message = split  # the MLP width is twice model.hidden_size: that is the field to change
-        raise ItemProblem(f"model.{'hidden_size' if field == 'intermediate_size' else field}",
-                          f"{message}, with features.sp.tp={tp}")
+    problem = registry.model_problem(features, config)
+    if problem is not None:
+        raise ItemProblem(*problem)
     return config
 
 

@@ -22,14 +22,14 @@ import harness
 from harness.checks import CHECKS, EXECUTION, CheckName, CheckResult, run_checks
 from harness.checks.dispatch_table import check_dispatch_table, summarize_mismatches
 from harness.engine import DeviceRules, Engine, StreamConfig, UnsupportedOnBackend, load, resolve
+from harness.features import rank_model
 from harness.features.layout import axis_sizes, describe, rank_context, runs_reference
 from harness.graph.pipeline import GraphConfig, PipelineSpec, Workload, run_pipeline
 from harness.graph.record import ErrorCategory, PathError, RunRecord
 from harness.graph.runner import Fixes
 from harness.graph.scheduler import RequestPlan
 from harness.graph.shape import SINGLE_RANK, RankContext
-from harness.model import DecoderLM
-from harness.model.parallel import ParallelContext, use_collective_ops
+from harness.model.parallel import use_collective_ops
 from harness.ranks import device_count, process_group_backend, run_ranks, too_few_devices
 from harness.ops import set_native_impl, set_native_paged_attention
 from harness.resolve import ItemProblem, PointSkipped, ResolvedItem, resolve_item
@@ -250,7 +250,7 @@ def run_rank(item: ResolvedItem, ctx: RankContext = SINGLE_RANK,
                         device_rules(item.stack))
     try:
         with cyclic_gc_paused():
-            run_pipeline(spec, engine, record, ctx, rank_model=_rank_model(ctx), reference=reference)
+            run_pipeline(spec, engine, record, ctx, rank_model=rank_model(item.features, ctx), reference=reference)
         record.device_work = dict(engine.device_work())
     finally:
         engine.reset_device()
@@ -305,18 +305,6 @@ def device_rules(stack: StackProfile) -> DeviceRules:
     return DeviceRules(rng_in_capture=stack.rng_in_capture,
                        capture_survives_rejected_sync=stack.capture_survives_rejected_sync,
                        generator_registration=stack.generator_registration)
-
-
-def _rank_model(ctx: RankContext):
-    """This rank's model: the single-rank one, or its tensor/sequence-parallel shard."""
-    if ctx.tp == 1:
-        return None
-
-    def shard(reference: DecoderLM) -> DecoderLM:
-        parallel = ParallelContext(ctx.tp, ctx.tp_rank, ctx.tp_group, sequence_parallel=True)
-        return DecoderLM(reference.config, parallel).place(reference.device)
-
-    return shard
 
 
 # -- multi-rank ---------------------------------------------------------------------------------

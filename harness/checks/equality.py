@@ -46,7 +46,8 @@ class Tolerance:
         return self.atol == 0 and self.rtol == 0
 
 
-def default_tolerances(dtype: str, bitwise_replay: bool, override: tuple[float, float] | None):
+def default_tolerances(dtype: str, bitwise_replay: bool,
+                       override: tuple[float, float] | None) -> tuple[Tolerance, Tolerance]:
     """(graph vs padded, padded vs reference) tolerances."""
     if override is not None:
         given = Tolerance(*override)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from harness.checks.result import CheckName, CheckResult, not_evaluated
 from harness.graph.record import RunRecord
+from harness.ops.observe import FiaCall
 
 
-def _rejected(call, contract: str) -> bool:
+def _rejected(call: FiaCall, contract: str) -> bool:
     if call.error is not None:
         return True
     return not (call.relaxed_ok if contract == "relaxed" else call.strict_ok)

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import re
 import sys
@@ -45,7 +44,7 @@ def npu_available() -> bool:
         import torch
         import torch_npu  # noqa: F401
 
-        return bool(torch.npu.is_available())
+        return bool(torch.npu.is_available())  # type: ignore[attr-defined]  # torch_npu adds torch.npu
     except Exception:  # a broken CANN install is "no NPU", not a crash of the harness
         return False
 
@@ -96,15 +95,25 @@ def resolve(name: str) -> str:
 
 
 def load(name: str = "auto") -> Engine:
-    """Return the torch.npu-shaped namespace of backend ``name`` (a module satisfying :class:`Engine`)."""
+    """Return the torch.npu-shaped namespace of backend ``name``: a module satisfying :class:`Engine`,
+    which the type checker verifies at each ``return`` below. Imported here, on demand: a backend
+    imports torch (and the npu one torch_npu)."""
     resolved = resolve(name)
     if resolved == "emulated":
-        return importlib.import_module("harness.engine.emulated.api")  # type: ignore[return-value]
-    if resolved == "npu" and not npu_available():
-        raise UnsupportedOnBackend("backend 'npu' selected but torch_npu is not installed or sees no device")
-    if resolved == "cuda" and not cuda_available():
+        from .emulated import api
+
+        return api
+    if resolved == "npu":
+        if not npu_available():
+            raise UnsupportedOnBackend("backend 'npu' selected but torch_npu is not installed or sees no device")
+        from . import npu
+
+        return npu
+    if not cuda_available():
         raise UnsupportedOnBackend("backend 'cuda' selected but torch.cuda is not available")
-    return importlib.import_module(f"harness.engine.{resolved}")  # type: ignore[return-value]
+    from . import cuda
+
+    return cuda
 
 
 __all__ = [

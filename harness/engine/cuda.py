@@ -9,12 +9,13 @@ device tensors (``harness.ops.fia_device_metadata``), as FlashAttention does wit
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, ContextManager, TypeVar, cast
 
 import torch
 
 from .errors import CaptureError, UnsupportedOnBackend
-from .protocol import CAPABILITIES, DeviceRules, StreamConfig
+from .protocol import (CAPABILITIES, ArgumentReader, DeviceGraph, DeviceRules, DeviceStream, GraphPool, StreamConfig, StreamUsage,
+                       TaskGroup)
 
 name = "cuda"
 capabilities = CAPABILITIES[name]
@@ -25,6 +26,15 @@ _NO_TASK_GROUPS = (
     "device tensors instead (harness.ops.fia_device_metadata)"
 )
 _graphs_alive: set[int] = set()
+_T = TypeVar("_T")
+
+
+def _mine(value: object, kind: type[_T], what: str) -> _T:
+    """``value`` as this backend's own ``kind``: the engine seam hands graphs and streams out under
+    protocol types, and one from another engine is refused by name."""
+    if isinstance(value, kind):
+        return value
+    raise TypeError(f"{value!r} is not {what} of the cuda backend")
 
 
 class NPUGraph(torch.cuda.CUDAGraph):
@@ -53,30 +63,34 @@ class NPUGraph(torch.cuda.CUDAGraph):
         raise UnsupportedOnBackend(f"NPUGraph.update: {_NO_TASK_GROUPS}")
 
 
-def graph(npu_graph: NPUGraph, pool=None, stream=None, auto_dispatch_capture: bool = False,
-          capture_error_mode: str = "global"):
+def graph(npu_graph: DeviceGraph, pool: GraphPool | None = None, stream: DeviceStream | None = None,
+          auto_dispatch_capture: bool = False, capture_error_mode: str = "global") -> ContextManager[object]:
     if auto_dispatch_capture:
         raise UnsupportedOnBackend(f"graph(auto_dispatch_capture=True): {_NO_TASK_GROUPS}")
-    return torch.cuda.graph(npu_graph, pool=pool, stream=stream, capture_error_mode=capture_error_mode)
+    # a pool is what graph_pool_handle() made: torch's (int, int) NewType, not checkable at run time
+    handle = None if pool is None else cast("torch.cuda._POOL_HANDLE", _mine(pool, tuple, "a graph pool"))
+    return torch.cuda.graph(_mine(npu_graph, torch.cuda.CUDAGraph, "a graph"), pool=handle,
+                            stream=None if stream is None else _mine(stream, torch.cuda.Stream, "a stream"),
+                            capture_error_mode=capture_error_mode)
 
 
-def graph_pool_handle():
+def graph_pool_handle() -> GraphPool:
     return torch.cuda.graph_pool_handle()
 
 
-def graph_task_group_begin(stream) -> None:
+def graph_task_group_begin(stream: DeviceStream) -> None:
     raise UnsupportedOnBackend(f"graph_task_group_begin: {_NO_TASK_GROUPS}")
 
 
-def graph_task_group_end(stream):
+def graph_task_group_end(stream: DeviceStream) -> TaskGroup:
     raise UnsupportedOnBackend(f"graph_task_group_end: {_NO_TASK_GROUPS}")
 
 
-def graph_task_update_begin(stream, handle) -> None:
+def graph_task_update_begin(stream: DeviceStream, handle: TaskGroup) -> None:
     raise UnsupportedOnBackend(f"graph_task_update_begin: {_NO_TASK_GROUPS}")
 
 
-def graph_task_update_end(stream) -> None:
+def graph_task_update_end(stream: DeviceStream) -> None:
     raise UnsupportedOnBackend(f"graph_task_update_end: {_NO_TASK_GROUPS}")
 
 
@@ -86,32 +100,35 @@ class ExternalEvent:
     def __init__(self) -> None:
         self._event = torch.cuda.Event(external=True)
 
-    def record(self, stream) -> None:
-        self._event.record(stream)
+    def record(self, stream: DeviceStream) -> None:
+        self._event.record(_mine(stream, torch.cuda.Stream, "a stream"))
 
-    def wait(self, stream) -> None:
-        stream.wait_event(self._event)
+    def wait(self, stream: DeviceStream) -> None:
+        _mine(stream, torch.cuda.Stream, "a stream").wait_event(self._event)
 
-    def reset(self, stream) -> None:
+    def reset(self, stream: DeviceStream) -> None:
         """CUDA events need no reset: the next record supersedes the last."""
 
 
 Stream = torch.cuda.Stream
 Event = torch.cuda.Event
 current_stream = torch.cuda.current_stream
-stream = torch.cuda.stream
 synchronize = torch.cuda.synchronize
 manual_seed = torch.cuda.manual_seed
 get_rng_state = torch.cuda.get_rng_state
 set_rng_state = torch.cuda.set_rng_state
 
 
-def stream_usage() -> dict[str, Any]:
+def stream(stream: DeviceStream | None) -> ContextManager[object]:
+    return torch.cuda.stream(None if stream is None else _mine(stream, torch.cuda.Stream, "a stream"))
+
+
+def stream_usage() -> StreamUsage:
     """CUDA has no fixed stream pool for graphs; report the graphs held for the record."""
     return {"pool_size": None, "in_use": None, "graphs": len(_graphs_alive), "utilisation": 0.0}
 
 
-def memory_report() -> dict[str, Any]:
+def memory_report() -> dict[str, dict[str, object]]:
     return {"device": {"bytes_reserved": torch.cuda.memory_reserved()}}
 
 
@@ -136,7 +153,7 @@ def collective_ops() -> None:
     """None: NCCL through ``_c10d_functional`` (capturable)."""
 
 
-def weak_ref_tensor(tensor: Any) -> Any:
+def weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A tensor on the same GPU memory that does not keep it allocated (vLLM's
     ``weak_ref_tensors``): a non-owning storage over the same address."""
     if not isinstance(tensor, torch.Tensor):
@@ -160,3 +177,19 @@ def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules |
     device = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats(device)
+
+
+_NOT_READ = "reads no graph of its own: only the emulator reports what a replay ran (capabilities.reports_executed_arguments)"
+
+
+def executed_host_arguments(graph: DeviceGraph, op_name: str, names: tuple[str, ...],
+                            replay: int | None = None) -> list[dict[str, Any]]:
+    raise UnsupportedOnBackend(f"{name}: executed_host_arguments: the backend {_NOT_READ}")
+
+
+def register_updatable_op(qualified_name: str) -> None:
+    raise UnsupportedOnBackend(f"{name}: register_updatable_op: the backend {_NOT_READ}")
+
+
+def register_observed_op(qualified_name: str, reader: ArgumentReader) -> None:
+    raise UnsupportedOnBackend(f"{name}: register_observed_op: the backend {_NOT_READ}")

@@ -14,17 +14,17 @@ import torch
 import torch_npu  # noqa: F401  (registers torch.npu)
 
 from .errors import STREAM_EXHAUSTED_CODE, StreamBudgetError, UnsupportedOnBackend
-from .protocol import CAPABILITIES, DeviceRules, StreamConfig
+from .protocol import CAPABILITIES, ArgumentReader, DeviceGraph, DeviceRules, Kernel, StreamConfig, StreamUsage
 
 
-def native_attention():
+def native_attention() -> tuple[Kernel, Kernel, Kernel]:
     """torch_npu's FIA (functional, out, workspace): the device op, host check included."""
     op = torch_npu.npu_fused_infer_attention_score
     return (op, lambda query, key, value, *, out, **kwargs: op.out(query, key, value, **kwargs, out=out),
             torch_npu._npu_fused_infer_attention_score_get_max_workspace)
 
 
-def native_paged_attention():
+def native_paged_attention() -> tuple[Kernel, Kernel]:
     """torch_npu's ATB decode attention (``context_lens`` read on the host) and its workspace query."""
     return torch_npu._npu_paged_attention, torch_npu._npu_paged_attention_get_workspace
 
@@ -43,7 +43,7 @@ def device_work() -> dict[str, int]:
     return {"kernels": -1, "bytes_allocated": int(torch.npu.max_memory_allocated(device))}
 
 
-def weak_ref_tensor(tensor: Any) -> Any:
+def weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor itself: a strong reference (torch_npu offers no weak tensor reference here)."""
     return tensor
 
@@ -83,17 +83,17 @@ get_rng_state = torch.npu.get_rng_state
 set_rng_state = torch.npu.set_rng_state
 
 
-def stream_usage() -> dict[str, Any]:
+def stream_usage() -> StreamUsage:
     """Graphs held; the runtime does not expose its stream count, so 207008 is the authority."""
     return {"pool_size": _stream_pool_size, "in_use": None, "graphs": len(_graphs_alive), "utilisation": 0.0}
 
 
-def memory_report() -> dict[str, Any]:
+def memory_report() -> dict[str, dict[str, object]]:
     return {"device": {"bytes_reserved": torch.npu.memory_reserved()}}
 
 
 def device_name() -> str:
-    return torch.npu.get_device_name()
+    return str(torch.npu.get_device_name())
 
 
 def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules | None = None) -> None:
@@ -110,3 +110,19 @@ def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules |
         raise UnsupportedOnBackend(f"npu: streams per graph / per comm group are set by the runtime, not "
                                    f"{config.per_graph} / {config.per_comm_group}")
     _stream_pool_size = config.pool_size
+
+
+_NOT_READ = "reads no graph of its own: only the emulator reports what a replay ran (capabilities.reports_executed_arguments)"
+
+
+def executed_host_arguments(graph: DeviceGraph, op_name: str, names: tuple[str, ...],
+                            replay: int | None = None) -> list[dict[str, Any]]:
+    raise UnsupportedOnBackend(f"{name}: executed_host_arguments: the backend {_NOT_READ}")
+
+
+def register_updatable_op(qualified_name: str) -> None:
+    raise UnsupportedOnBackend(f"{name}: register_updatable_op: the backend {_NOT_READ}")
+
+
+def register_observed_op(qualified_name: str, reader: ArgumentReader) -> None:
+    raise UnsupportedOnBackend(f"{name}: register_observed_op: the backend {_NOT_READ}")

@@ -11,9 +11,17 @@ honour refuses it (:class:`UnsupportedOnBackend`) instead of ignoring it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, TypedDict, runtime_checkable
 
-__all__ = ["CAPABILITIES", "Capabilities", "DeviceRules", "Engine", "StreamConfig"]
+if TYPE_CHECKING:  # read by the type checker only: collection reads CAPABILITIES without torch
+    from typing_extensions import Self
+
+    import torch
+
+__all__ = [
+    "CAPABILITIES", "ArgumentReader", "Capabilities", "CollectiveOps", "DeviceEvent", "DeviceGraph", "DeviceRules",
+    "DeviceStream", "Engine", "ExternalDeviceEvent", "GraphPool", "Kernel", "StreamConfig", "StreamUsage", "TaskGroup",
+]
 
 
 @dataclass(frozen=True)
@@ -83,39 +91,118 @@ CAPABILITIES: dict[str, Capabilities] = {
 }
 
 
+#: A backend's own kernel (torch_npu's FIA, a collective op): torch_npu's keyword signature.
+Kernel = Callable[..., object]
+#: What an observed op's reader makes of the op's arguments (by schema name): host values by name.
+ArgumentReader = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class DeviceStream(Protocol):
+    """A device stream as the harness uses one (``torch.npu.Stream``, ``torch.cuda.Stream``, the
+    emulator's): a queue of device work the host can wait for or order after another's."""
+
+    def synchronize(self) -> None: ...
+    def wait_stream(self, stream: Self, /) -> None: ...  # a stream of the same engine
+
+
+class DeviceEvent(Protocol):
+    """``torch.npu.Event()``: a point in a stream the host can wait for."""
+
+    def record(self) -> None: ...  # at the end of the current stream
+    def synchronize(self) -> None: ...
+
+
+class ExternalDeviceEvent(Protocol):
+    """torch_npu's ``ExternalEvent``: recorded by one stream, waited on by another; inside a
+    capture each call becomes a node of the graph (how a FULL graph waits for its update)."""
+
+    def record(self, stream: DeviceStream, /) -> None: ...
+    def wait(self, stream: DeviceStream, /) -> None: ...
+    def reset(self, stream: DeviceStream, /) -> None: ...
+
+
+class DeviceGraph(Protocol):
+    """A captured graph (``torch.npu.NPUGraph``, ``torch.cuda.CUDAGraph``): captured through
+    :meth:`Engine.graph`, then replayed until reset."""
+
+    def replay(self) -> None: ...
+    def reset(self) -> None: ...
+
+
+class GraphPool(Protocol):
+    """A graph memory pool (``graph_pool_handle()``): opaque, handed back to the engine that made it."""
+
+
+class TaskGroup(Protocol):
+    """A captured task group (``graph_task_group_end``): opaque, handed back to the engine that made it."""
+
+
+class StreamUsage(TypedDict):
+    """Streams held by captured graphs (``None`` where the runtime does not tell)."""
+
+    pool_size: int | None
+    in_use: int | None
+    graphs: int
+    utilisation: float
+
+
+class CollectiveOps(Protocol):
+    """An op family with ``torch.ops._c10d_functional``'s names, which :mod:`harness.model.parallel`
+    issues a rank's collectives through."""
+
+    @property
+    def all_gather_into_tensor_out(self) -> Kernel: ...
+    @property
+    def all_gather_into_tensor(self) -> Kernel: ...
+    @property
+    def reduce_scatter_tensor_out(self) -> Kernel: ...
+    @property
+    def all_reduce_(self) -> Kernel: ...
+    @property
+    def wait_tensor(self) -> Kernel: ...
+
+
 @runtime_checkable
 class Engine(Protocol):
-    """The torch.npu-shaped names the harness calls, plus the read-outs its checks need."""
+    """The torch.npu-shaped names the harness calls, plus the read-outs its checks need.
+
+    Every backend module satisfies it (:func:`harness.engine.load` returns each as an ``Engine``,
+    which the type checker verifies); a call a backend cannot honour raises
+    :class:`~harness.engine.errors.UnsupportedOnBackend`. The streams, events, graphs and handles
+    it hands out go back to the same engine only."""
 
     name: str
-    device: Any  # the torch.device of this process's (rank's) tensors
+    device: torch.device  # this process's (rank's) device, where the run's tensors live
     capabilities: Capabilities
 
-    def NPUGraph(self, *args: Any, **kwargs: Any) -> Any: ...  # noqa: N802 - torch.npu's name
-    def graph(self, npu_graph: Any, pool: Any = None, stream: Any = None) -> ContextManager[Any]: ...
-    def graph_pool_handle(self) -> Any: ...
-    def graph_task_group_begin(self, stream: Any) -> None: ...
-    def graph_task_group_end(self, stream: Any) -> Any: ...
-    def graph_task_update_begin(self, stream: Any, handle: Any) -> None: ...
-    def graph_task_update_end(self, stream: Any) -> None: ...
-    def ExternalEvent(self) -> Any: ...  # noqa: N802
-    def Event(self) -> Any: ...  # noqa: N802 - a point in a stream the host can wait for
-    def Stream(self) -> Any: ...  # noqa: N802
-    def current_stream(self) -> Any: ...
-    def stream(self, s: Any) -> ContextManager[Any]: ...
+    def NPUGraph(self) -> DeviceGraph: ...  # noqa: N802 - torch.npu's name
+    def graph(self, npu_graph: DeviceGraph, /, pool: GraphPool | None = None,
+              stream: DeviceStream | None = None) -> ContextManager[object]: ...
+    def graph_pool_handle(self) -> GraphPool: ...
+    def graph_task_group_begin(self, stream: DeviceStream, /) -> None: ...
+    def graph_task_group_end(self, stream: DeviceStream, /) -> TaskGroup: ...
+    def graph_task_update_begin(self, stream: DeviceStream, handle: TaskGroup, /) -> None: ...
+    def graph_task_update_end(self, stream: DeviceStream, /) -> None: ...
+    def ExternalEvent(self) -> ExternalDeviceEvent: ...  # noqa: N802
+    def Event(self) -> DeviceEvent: ...  # noqa: N802
+    def Stream(self) -> DeviceStream: ...  # noqa: N802
+    def current_stream(self) -> DeviceStream: ...
+    def stream(self, stream: DeviceStream | None, /) -> ContextManager[object]: ...
     def synchronize(self) -> None: ...
     def reset_device(self, stream_config: StreamConfig | None = None,
                      rules: DeviceRules | None = None) -> None: ...
-    def stream_usage(self) -> dict[str, Any]: ...
-    def memory_report(self) -> dict[str, Any]: ...
+    def stream_usage(self) -> StreamUsage: ...
+    def memory_report(self) -> dict[str, dict[str, object]]: ...  # bytes reserved, by pool
     def device_name(self) -> str: ...
-    def device_work(self) -> dict[str, int]: ...
-    def weak_ref_tensor(self, tensor: Any) -> Any: ...
+    def device_work(self) -> dict[str, int]: ...  # kernels run (-1: not counted), bytes allocated
+    def weak_ref_tensor(self, tensor: torch.Tensor, /) -> torch.Tensor: ...
     # The backend's own kernels and collectives, or None where the harness's reference serves:
-    def native_attention(self) -> tuple[Any, Any, Any] | None: ...  # FIA (functional, out, workspace)
-    def native_paged_attention(self) -> tuple[Any, Any] | None: ...  # paged attention + workspace
-    def collective_ops(self) -> Any: ...  # the op family of a rank's collectives (None: _c10d_functional)
-    # Only where ``capabilities.reports_executed_arguments`` (the emulator reads its own graphs):
-    def executed_host_arguments(self, graph: Any, op_name: str, names: tuple[str, ...],
+    def native_attention(self) -> tuple[Kernel, Kernel, Kernel] | None: ...  # FIA (functional, out, workspace)
+    def native_paged_attention(self) -> tuple[Kernel, Kernel] | None: ...  # paged attention + workspace
+    def collective_ops(self) -> CollectiveOps | None: ...  # None: torch.ops._c10d_functional
+    # Only where ``capabilities.reports_executed_arguments`` (the emulator reads its own graphs);
+    # elsewhere they raise UnsupportedOnBackend:
+    def executed_host_arguments(self, graph: DeviceGraph, op_name: str, names: tuple[str, ...],
                                 replay: int | None = None) -> list[dict[str, Any]]: ...
-    def register_updatable_op(self, qualified_name: str) -> None: ...
+    def register_updatable_op(self, qualified_name: str, /) -> None: ...
+    def register_observed_op(self, qualified_name: str, reader: ArgumentReader, /) -> None: ...

@@ -3,9 +3,10 @@
 Built-in features: DP, SP, MTP, CP. More come from other packages through the
 ``graph_harness.features`` entry-point group: each entry point names a :class:`Feature`
 subclass whose ``name`` is its key under a scenario's ``features:``. Everything the harness
-knows about a feature (its settings schema, fix switches, marker, rank axis, capture-size and
-token constraints, budget inputs) it reads from the registry, so a feature from another
-package needs no change to any file of graph-harness.
+knows about a feature (its settings schema and cross-field rules, fix switches, marker, rank
+axis, capture-size and token constraints, budget inputs, model shard, report label) it reads
+from the registry, so a feature from another package needs no change to any file of
+graph-harness.
 
 The registry is scanned once per ``sys.path`` (a test that installs a plugin at run time, by
 prepending its directory to ``sys.path``, gets a fresh scan).
@@ -17,7 +18,7 @@ import functools
 import math
 import sys
 from importlib.metadata import entry_points
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from harness.features.base import (
     SINGLE_RANK,
@@ -33,6 +34,10 @@ from harness.features.cp import ContextParallel
 from harness.features.dp import DataParallel, DPDisagreement, check_agreement
 from harness.features.mtp import SpeculativeDecoding
 from harness.features.sp import SequenceParallel
+
+if TYPE_CHECKING:  # pragma: no cover
+    from harness.model import DecoderLM
+    from harness.model.config import ModelConfig
 
 ENTRY_POINT_GROUP = "graph_harness.features"
 #: Registry order is rank-layout order, outermost axis first: rank = (dp_rank * tp + tp_rank) * cp + cp_rank.
@@ -100,9 +105,44 @@ def budget_inputs(features: Iterable[Feature]) -> dict[str, Any]:
     return out
 
 
+def model_problem(features: Iterable[Feature], config: ModelConfig) -> tuple[str, str] | None:
+    """The first ``(field, message)`` of a feature that cannot split the model, else None."""
+    return next((problem for f in features if (problem := f.model_problem(config)) is not None), None)
+
+
+def rank_model(features: Sequence[Feature], ctx: RankContext) -> Callable[[DecoderLM], DecoderLM] | None:
+    """What makes this rank's model from the single-rank one: every feature's
+    :meth:`~Feature.rank_model` in registry order; None when no feature changes the model."""
+    shards = [f for f in features if type(f).rank_model is not Feature.rank_model]
+    if not shards:
+        return None
+
+    def build(reference: DecoderLM) -> DecoderLM:
+        model = reference
+        for feature in shards:
+            model = feature.rank_model(model, ctx)
+        return model
+
+    return build
+
+
+def feature_label(sections: Mapping[str, Any]) -> str:
+    """An item's feature combination (``dp2+sp2+mtp1``, registry order) from its scenario's
+    ``features:`` as plain data, or ``base`` when none is on."""
+    parts = [label for name, cls in registry().items()
+             if isinstance(section := sections.get(name), Mapping) and (label := cls.label(section))]
+    return "+".join(parts) if parts else "base"
+
+
+def ledger_colours() -> dict[str, str]:
+    """Each feature's padding-ledger column and its colour in the report's charts."""
+    return {cls.ledger or name: cls.ledger_colour for name, cls in registry().items() if cls.ledger_colour}
+
+
 __all__ = [
     "BUILTIN", "ENTRY_POINT_GROUP", "SINGLE_RANK", "ContextParallel", "DPDisagreement", "DataParallel", "Feature",
     "FeatureSettings", "FixSwitch", "RankAxisFeature", "RankContext", "SequenceParallel", "SizeConstraint",
     "SpeculativeDecoding", "StepShape", "active_features", "all_fix_switches", "budget_inputs", "check_agreement",
-    "registry", "size_constraints", "uniform_decode_query_len", "world_size",
+    "feature_label", "ledger_colours", "model_problem", "rank_model", "registry",
+    "size_constraints", "uniform_decode_query_len", "world_size",
 ]

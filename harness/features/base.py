@@ -18,6 +18,18 @@ scenario space, declared as class attributes the harness reads generically:
 Per step it answers through hooks that default to the identity: ``agree`` (DP), ``rank_metadata``
 and ``attention_style`` (CP), ``before_forward`` (a guard), ``unsupported`` (a skip reason).
 
+Everything else the harness needs to know of a feature it also asks the feature, so that a
+feature from another package does all a built-in one does (nothing outside this package names
+a feature):
+
+* the scenario schema: ``mirrors`` (fields outside ``features.<name>`` that follow one of its
+  settings) and ``scenario_issues()`` (its cross-field rules, located);
+* the model: ``model_problem()`` (a model it cannot split, found before any rank starts) and
+  ``rank_model()`` (this rank's model: SP's tensor-parallel shard);
+* the planner: ``pads_requests_without_full()`` (whether a non-FULL batch pads its requests);
+* reports: ``size_key`` and ``label()`` (``sp2`` in a combination) and ``ledger_colour`` (its
+  padding-ledger column in the charts).
+
 Model-level mechanics (sharded weights, collectives, LSE merges) live in :mod:`harness.model`;
 a feature only wires them into the pipeline. Feature modules import neither torch nor the
 model at import time (the scenario schema is generated from them); hooks import what they run.
@@ -26,18 +38,20 @@ model at import time (the scenario schema is generated from them); hooks import 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Union
 
 from pydantic import BaseModel, ConfigDict
 
 from harness.graph.capture_sizes import SizeConstraint
-from harness.graph.shape import SINGLE_RANK, RankContext, StepShape
+from harness.graph.shape import SINGLE_RANK, RankAxis, RankContext, RunShape, StepShape
 
 if TYPE_CHECKING:  # pragma: no cover
     from harness.graph.metadata import AttentionMetadata
+    from harness.model import DecoderLM
+    from harness.model.config import ModelConfig
 
-__all__ = ["Feature", "FeatureSettings", "FixSwitch", "RankAxisFeature", "RankContext", "SINGLE_RANK",
-           "SizeConstraint", "StepShape"]
+__all__ = ["Feature", "FeatureSettings", "FixSwitch", "Loc", "RankAxis", "RankAxisFeature", "RankContext",
+           "SINGLE_RANK", "SizeConstraint", "StepShape"]
 
 
 MAX_AXIS_RANKS = 16
@@ -45,6 +59,9 @@ MAX_AXIS_RANKS = 16
 checked at collection: harness.scenario.bounds.MAX_WORLD_SIZE)."""
 MAX_DRAFT_TOKENS = 16
 """Speculative tokens per step (harness.scenario.bounds.MAX_SPEC_TOKENS)."""
+
+Loc = tuple[Union[str, int], ...]
+"""A location in a scenario, from its root: ``("workload", "requests", 0, "prompt_len")``."""
 
 
 class FeatureSettings(BaseModel):
@@ -71,6 +88,12 @@ class Feature:
     marker: ClassVar[str] = ""  # what its pytest marker means ("" = no marker)
     axis: ClassVar[str | None] = None  # its rank axis (a process group), if it has one
     ledger: ClassVar[str] = ""  # its column in the padding ledger
+    ledger_colour: ClassVar[str] = ""  # that column's colour in the report's charts ("": a neutral one)
+    size_key: ClassVar[str] = ""  # the integer setting that sizes it (its label: ``sp2``), if one does
+    #: Scenario fields outside ``features.<name>`` that mirror one of its settings (dotted path ->
+    #: setting): either may be given, and given both they must agree (MTP: vLLM's
+    #: ``graph.num_speculative_tokens`` and its ``k``).
+    mirrors: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, settings: FeatureSettings | Mapping[str, Any] | None = None,
                  fixes: Mapping[str, bool] | None = None) -> None:
@@ -117,6 +140,41 @@ class Feature:
         """A reason this combination cannot run here (the item becomes a skip), or None."""
         return None
 
+    def scenario_issues(self, scenario: Any) -> list[tuple[Loc, str]]:
+        """Its cross-field rules on a validated scenario (a ``harness.scenario.Scenario``, its
+        mirrors applied): ``(location from the root, message)`` per problem. The schema calls
+        it for every enabled feature, and reports each problem at its location in the file."""
+        return []
+
+    def model_problem(self, config: ModelConfig) -> tuple[str, str] | None:
+        """A model this feature cannot split as ``config`` stands, as ``(scenario field to
+        change, message)``; None when it can. Checked before any rank starts."""
+        return None
+
+    def rank_model(self, model: DecoderLM, ctx: RankContext) -> DecoderLM:
+        """This rank's model, from the one the features before it left (at first the
+        single-rank model, on its device): SP's tensor-parallel shard."""
+        return model
+
+    def pads_requests_without_full(self) -> bool | None:
+        """Whether a batch that does not run a FULL graph pads its requests up to its tokens
+        (a dummy request): True makes it so (vLLM Ascend with SP), False forbids it (with CP),
+        None leaves it to the others. By default a feature that splits tokens across ranks
+        (a token multiple above 1) makes it so."""
+        return True if self.token_multiple() > 1 else None
+
+    @classmethod
+    def label(cls, settings: Mapping[str, Any]) -> str | None:
+        """How it names itself in an item's feature combination (``sp2``), from its settings as
+        a report's record keeps them (plain data); None when it is off there. By default its
+        name and its ``size_key`` setting, when that is off its default."""
+        if not cls.size_key or cls.size_key not in cls.Settings.model_fields:
+            return None
+        value = settings.get(cls.size_key) if isinstance(settings, Mapping) else None
+        if isinstance(value, int) and value != cls.Settings.model_fields[cls.size_key].default:
+            return f"{cls.name}{value}"
+        return None
+
     def share_requests(self, plans: list[Any], ctx: RankContext) -> list[Any]:
         """This rank's share of the workload's requests (DP splits them among its ranks)."""
         return plans
@@ -145,7 +203,7 @@ class Feature:
         """How attention runs on this rank (None: the default causal FIA)."""
         return None
 
-    def before_forward(self, shape: StepShape, ctx: RankContext, step: int) -> None:
+    def before_forward(self, shape: RunShape, ctx: RankContext, step: int) -> None:
         """Called on the graph path right before the forward (a guard, never a fix)."""
 
 
@@ -157,6 +215,10 @@ class RankAxisFeature(Feature):
     @property
     def size(self) -> int:
         return int(getattr(self.settings, self.size_key))
+
+    def rank_axis(self, ctx: RankContext) -> RankAxis:
+        """This rank's place on the feature's axis: its size, index and process group."""
+        return ctx.axis(self.axis or "")
 
     def enabled(self) -> bool:
         return self.size > 1

@@ -11,12 +11,15 @@ attention mechanics are :mod:`harness.model.context_parallel`.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from pydantic import Field
 
 from harness.features.base import MAX_AXIS_RANKS, FeatureSettings, FixSwitch, RankAxisFeature, RankContext
 from harness.graph.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class CPSettings(FeatureSettings):
@@ -31,6 +34,7 @@ class ContextParallel(RankAxisFeature):
     marker = "context parallel (size > 1)"
     axis = "cp"
     ledger = "cp"
+    ledger_colour = "#eeca3b"
 
     def budget_inputs(self) -> dict[str, Any]:
         return {"dcp": self.size}
@@ -41,11 +45,16 @@ class ContextParallel(RankAxisFeature):
                     "on ranks of its own, so the combination is not modelled")
         return None
 
+    def pads_requests_without_full(self) -> bool | None:
+        """Never: vLLM Ascend pads the requests of a non-FULL batch with SP only without DCP."""
+        return False
+
     def rank_metadata(self, meta: AttentionMetadata, ctx: RankContext, block_size: int) -> AttentionMetadata:
         """This rank's view: one-token requests, its KV lengths, its slots."""
         from harness.model.context_parallel import cp_metadata_from_attention_metadata
 
-        local = cp_metadata_from_attention_metadata(meta, block_size=block_size, cp=ctx.cp, rank=ctx.cp_rank,
+        axis = self.rank_axis(ctx)
+        local = cp_metadata_from_attention_metadata(meta, block_size=block_size, cp=axis.size, rank=axis.rank,
                                                     pad_kv_lengths=self.fix_on)
         width = len(meta.block_table[0]) if meta.block_table else 1
         n = len(local.actual_seq_lengths)
@@ -59,7 +68,7 @@ class ContextParallel(RankAxisFeature):
             seq_lens=list(local.actual_seq_lengths_kv),
             block_table=[list(row) + [0] * (width - len(row)) for row in local.block_table],
             slot_mapping=list(local.slot_mapping),
-            padding_source=f"{meta.padding_source}; cp rank {ctx.cp_rank}/{ctx.cp}: one-token requests"
+            padding_source=f"{meta.padding_source}; cp rank {axis.rank}/{axis.size}: one-token requests"
             + ("" if self.fix_on else ", KV lengths not zero-padded"),
         )
 
@@ -67,9 +76,9 @@ class ContextParallel(RankAxisFeature):
         from harness.model.context_parallel import cp_combine
         from harness.ops.attention import AttentionStyle
 
-        group = ctx.cp_group
+        axis = self.rank_axis(ctx)
 
-        def combine(out, lse):
-            return cp_combine(out, lse, ctx.cp, group)
+        def combine(out: Tensor, lse: Tensor) -> Tensor:
+            return cp_combine(out, lse, axis.size, axis.group)
 
         return AttentionStyle(sparse_mode=0, combine=combine)

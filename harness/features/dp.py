@@ -43,11 +43,13 @@ class DPSettings(FeatureSettings):
 class DataParallel(RankAxisFeature):
     name = "dp"
     Settings = DPSettings
+    settings: DPSettings  # (the base validates it as Settings)
     fixes = {"dp_sync": FixSwitch("the all-reduce of each step's shape before it is dispatched",
                                   "ranks disagree on size or mode and hang in collectives (execution)")}
     marker = "data parallel (size > 1)"
     axis = "dp"
     ledger = "dp"
+    ledger_colour = "#b279a2"
 
     def budget_inputs(self) -> dict[str, Any]:
         return {"dp": self.size}
@@ -55,19 +57,20 @@ class DataParallel(RankAxisFeature):
     def share_requests(self, plans: list[Any], ctx: RankContext) -> list[Any]:
         """Round robin, (unequal) rank 0 takes two thirds of the requests, or (idle) the last
         rank takes none."""
-        if ctx.dp == 1:
+        size, rank = self.rank_axis(ctx).size, self.rank_axis(ctx).rank
+        if size == 1:
             return plans
         if self.settings.batches == "equal":
-            return plans[ctx.dp_rank :: ctx.dp]
+            return plans[rank::size]
         if self.settings.batches == "idle":  # the others share round robin
-            return [] if ctx.dp_rank == ctx.dp - 1 else plans[ctx.dp_rank :: ctx.dp - 1]
+            return [] if rank == size - 1 else plans[rank :: size - 1]
         cut = -(-2 * len(plans) // 3)
-        if ctx.dp_rank == 0:
+        if rank == 0:
             return plans[:cut]
-        return plans[cut:][ctx.dp_rank - 1 :: ctx.dp - 1]
+        return plans[cut:][rank - 1 :: size - 1]
 
     def agree(self, shape: StepShape, ctx: RankContext) -> StepShape:
-        if ctx.dp_group is None or not self.fix_on:
+        if _group(ctx) is None or not self.fix_on:
             return shape
         import torch
 
@@ -82,7 +85,7 @@ class DataParallel(RankAxisFeature):
                          mode=CUDAGraphMode(-neg_mode), accepts_padding=shape.accepts_padding)
 
     def any_rank(self, flag: bool, ctx: RankContext) -> bool:
-        if ctx.dp_group is None or not self.fix_on:
+        if _group(ctx) is None or not self.fix_on:
             return flag
         import torch
 
@@ -105,7 +108,8 @@ def check_agreement(shape: RunShape, ctx: RankContext, step: int, agreed: bool =
     difference hangs. Gathers every rank's shape (all ranks see the same list, so all raise
     together: the harness reports the disagreement instead of hanging in it).
     """
-    if ctx.dp_group is None:
+    axis = ctx.axis(DataParallel.axis)
+    if axis.group is None:
         return
     import torch
 
@@ -113,9 +117,9 @@ def check_agreement(shape: RunShape, ctx: RankContext, step: int, agreed: bool =
     from harness.model.parallel import collective_ops
 
     mine = torch.tensor([shape.num_tokens, shape.runtime_mode.value], dtype=torch.int64)
-    shapes = torch.empty((ctx.dp, 2), dtype=torch.int64)
+    shapes = torch.empty((axis.size, 2), dtype=torch.int64)
     ops = collective_ops()
-    ops.wait_tensor(ops.all_gather_into_tensor_out(mine.view(1, 2), ctx.dp, ctx.dp_group.group_name, out=shapes))
+    ops.wait_tensor(ops.all_gather_into_tensor_out(mine.view(1, 2), axis.size, axis.group.group_name, out=shapes))
     seen = [(tokens, CUDAGraphMode(mode)) for tokens, mode in shapes.tolist()]
     modes = {m for _, m in seen}
     if len(modes) > 1 or ((modes != {CUDAGraphMode.NONE} or not agreed) and len(set(seen)) > 1):
@@ -129,4 +133,9 @@ def _all_reduce_max(values: Any, ctx: RankContext) -> None:
     from harness.model.parallel import collective_ops
 
     ops = collective_ops()
-    ops.wait_tensor(ops.all_reduce_(values, "max", ctx.dp_group.group_name))
+    ops.wait_tensor(ops.all_reduce_(values, "max", _group(ctx).group_name))
+
+
+def _group(ctx: RankContext) -> Any:
+    """The DP ranks' process group (None with one DP rank)."""
+    return ctx.axis(DataParallel.axis).group

@@ -18,7 +18,8 @@ from typing import Any, Mapping
 
 from pydantic import Field
 
-from harness.features.base import MAX_DRAFT_TOKENS, Feature, FeatureSettings, FixSwitch, SizeConstraint
+from harness.features.base import MAX_DRAFT_TOKENS, Feature, FeatureSettings, FixSwitch, Loc, SizeConstraint
+from harness.graph.kv_slots import kv_slots
 
 
 class MTPSettings(FeatureSettings):
@@ -28,6 +29,7 @@ class MTPSettings(FeatureSettings):
 class SpeculativeDecoding(Feature):
     name = "mtp"
     Settings = MTPSettings
+    settings: MTPSettings  # (the base validates it as Settings)
     fixes = {"drafter_unpadded": FixSwitch("the drafter gets its own unpadded metadata",
                                            "the drafter's last element > T: both FIA contracts reject"),
              "drafter_param_update": FixSwitch("the draft model's FULL graphs get their FIA host lists updated "
@@ -35,6 +37,9 @@ class SpeculativeDecoding(Feature):
                                                "the draft graphs replay their capture-time lists: stale params")}
     marker = "speculative decoding (k > 0)"
     ledger = "spec"
+    ledger_colour = "#72b7b2"
+    size_key = "k"
+    mirrors = {"graph.num_speculative_tokens": "k"}  # vLLM's name for k; k is canonical
 
     @property
     def k(self) -> int:
@@ -52,6 +57,26 @@ class SpeculativeDecoding(Feature):
 
     def budget_inputs(self) -> dict[str, Any]:
         return {"draft_layers": 1}
+
+    def scenario_issues(self, scenario: Any) -> list[tuple[Loc, str]]:
+        """A decode step of ``1 + k`` tokens must fit the token budget, and a request's KV
+        slots, its last step's drafts included, must fit ``max_model_len``."""
+        issues: list[tuple[Loc, str]] = []
+        k, budget = self.k, scenario.workload.max_num_batched_tokens
+        max_len = scenario.model.max_model_len
+        if scenario.workload.requests and 1 + k > budget:
+            issues.append((("workload", "max_num_batched_tokens"),
+                           f"a decode step of one request takes 1 + k = {1 + k} tokens (features.mtp.k {k}), "
+                           f"above max_num_batched_tokens {budget}: no request would ever decode"))
+        for i, r in enumerate(scenario.workload.requests or []):
+            slots = kv_slots(r.prompt_len, r.output_len, 1 + k)
+            if r.prompt_len + r.output_len <= max_len < slots:  # too long without drafts: the schema says so
+                issues.append((("workload", "requests", i),
+                               f"with features.mtp.k {k} the request's last decode step writes KV for its drafts "
+                               f"too: prompt_len + output_len - 1 + k = {slots} slots, above model.max_model_len "
+                               f"{max_len} (vLLM trims drafts at max_model_len, this harness does not): "
+                               f"lower output_len by {slots - max_len} or raise max_model_len"))
+        return issues
 
     def unsupported(self, scenario: Mapping[str, Any]) -> str | None:
         if scenario.get("workload", {}).get("steps"):

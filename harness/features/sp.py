@@ -8,11 +8,22 @@ for them (a dummy request), and without it the FIA host check sees ``actual_seq_
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from harness.features.base import MAX_AXIS_RANKS, FeatureSettings, FixSwitch, RankAxisFeature, SizeConstraint
+from harness.features.base import (
+    MAX_AXIS_RANKS,
+    FeatureSettings,
+    FixSwitch,
+    RankAxisFeature,
+    RankContext,
+    SizeConstraint,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from harness.model import DecoderLM
+    from harness.model.config import ModelConfig
 
 
 class SPSettings(FeatureSettings):
@@ -27,6 +38,7 @@ class SequenceParallel(RankAxisFeature):
     marker = "sequence parallel (tp > 1)"
     axis = "tp"
     ledger = "sp"
+    ledger_colour = "#e45756"
     size_key = "tp"
 
     @property
@@ -41,3 +53,26 @@ class SequenceParallel(RankAxisFeature):
 
     def budget_inputs(self) -> dict[str, Any]:
         return {"tp": self.tp}
+
+    def model_problem(self, config: ModelConfig) -> tuple[str, str] | None:
+        """A model whose heads or MLP columns ``tp`` ranks cannot split evenly (the MLP width is
+        twice ``model.hidden_size``: that is the field to change)."""
+        from harness.model.parallel import tp_split_problem
+
+        split = tp_split_problem(config, self.tp)
+        if split is None:
+            return None
+        field, message = split
+        return (f"model.{'hidden_size' if field == 'intermediate_size' else field}",
+                f"{message}, with features.sp.tp={self.tp}")
+
+    def rank_model(self, model: DecoderLM, ctx: RankContext) -> DecoderLM:
+        """This rank's tensor-parallel shard, its residual stream split along tokens."""
+        from harness.model import DecoderLM
+        from harness.model.parallel import ParallelContext
+
+        axis = self.rank_axis(ctx)
+        if axis.size == 1:
+            return model
+        parallel = ParallelContext(axis.size, axis.rank, axis.group, sequence_parallel=True)
+        return DecoderLM(model.config, parallel).place(model.device)

@@ -122,6 +122,7 @@ class Dispatcher:
 
     def _build_keys(self) -> None:
         q = self.uniform_decode_query_len
+        assert self.table is not None  # keys are built only where there are capture sizes (above)
         full: set[BatchDescriptor] = set()
         piecewise: set[BatchDescriptor] = set()
         mixed = self.mode.mixed_mode()

@@ -194,7 +194,8 @@ class DraftGraphRunner:
         for layer in range(self.model.config.num_layers):
             query, residual = outs
             outs = self.pieces[layer + 1](self._attention(layer, query), residual, positions, slot_mapping)
-        return outs[0]
+        hidden: Tensor = outs[0]
+        return hidden
 
     def _attention(self, layer: int, query: Tensor) -> Tensor:
         """The draft model's attention as the forward context says: none (a dummy run without
@@ -203,13 +204,15 @@ class DraftGraphRunner:
         context = get_forward_context()
         live: LiveAttention | None = context.attn_metadata
         mode, key = context.runtime_mode, context.batch_descriptor
+        # a graph's forward (PIECEWISE or FULL) always runs under its batch descriptor
+        assert mode is CUDAGraphMode.NONE or key is not None, f"{mode} forward without a batch descriptor"
         if live is None:
-            if mode is CUDAGraphMode.PIECEWISE:
+            if mode is CUDAGraphMode.PIECEWISE and key is not None:
                 return self._attention_buffer(key, layer, query).zero_()
             return torch.zeros_like(query)
         key_cache, value_cache = self.kv_cache.key_cache[layer], self.kv_cache.value_cache[layer]
         with fia_call_tags(layer=layer, draft_round=self._round + 1):
-            if mode is CUDAGraphMode.FULL and context.capturing:
+            if mode is CUDAGraphMode.FULL and context.capturing and key is not None:
                 num_tokens = query.shape[0]
                 task = capture_task_group(self.engine, query, key_cache, value_cache, live.kwargs,
                                           workspace=self.workspaces.get(num_tokens))
@@ -217,7 +220,7 @@ class DraftGraphRunner:
                 self.tasks.setdefault(key, []).append(task)
                 return task.out
             out = attend_live(query, key_cache, value_cache, live.meta, live.kwargs, _DEFAULT_STYLE)
-        if mode is not CUDAGraphMode.PIECEWISE:
+        if mode is not CUDAGraphMode.PIECEWISE or key is None:
             return out
         buffer = self._attention_buffer(key, layer, out)
         buffer.copy_(out)

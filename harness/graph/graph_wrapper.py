@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator
 from torch import Tensor
 
 from harness.engine.errors import StreamBudgetError
+from harness.engine.protocol import DeviceGraph, Engine, GraphPool
 from harness.graph.capture_errors import capture_error_text
 from harness.graph.dispatcher import BatchDescriptor
 from harness.graph.modes import CUDAGraphMode
@@ -129,12 +130,12 @@ class GraphEntry:
     """One captured graph: its key, the graph, the output tensors it writes, its input addresses."""
 
     batch_descriptor: BatchDescriptor
-    graph: Any = None
+    graph: DeviceGraph | None = None
     output: Any = None
     input_addresses: list[int] | None = None  # recorded at capture (every mode; compared in debug)
 
 
-def _weak_refs(engine: Any, value: Any) -> Any:
+def _weak_refs(engine: Engine, value: Any) -> Any:
     """``value`` with each tensor replaced by a weak reference to its memory (vLLM's ``weak_ref_tensors``)."""
     if isinstance(value, Tensor):
         return engine.weak_ref_tensor(value)
@@ -164,8 +165,8 @@ class GraphWrapper:
     then copy what it keeps before another graph of the pool replays.
     """
 
-    def __init__(self, runnable: Callable[..., Any], runtime_mode: CUDAGraphMode, engine: Any, *,
-                 pool: Any = None, monitor: CaptureMonitor | None = None, debug: bool | None = None,
+    def __init__(self, runnable: Callable[..., Any], runtime_mode: CUDAGraphMode, engine: Engine, *,
+                 pool: GraphPool | None = None, monitor: CaptureMonitor | None = None, debug: bool | None = None,
                  sync_before_replay: bool | None = None, name: str = "", debug_log_enable: bool = True,
                  capture_error_guidance: str | None = None, weak_ref_output: bool = True) -> None:
         if runtime_mode not in (CUDAGraphMode.FULL, CUDAGraphMode.PIECEWISE):

@@ -303,4 +303,4 @@ def _replace(meta: AttentionMetadata, **changes: object) -> AttentionMetadata:
     for name, value in values.items():
         if isinstance(value, list):
             values[name] = [list(v) if isinstance(v, list) else v for v in value]
-    return AttentionMetadata(**values)  # type: ignore[arg-type]
+    return AttentionMetadata(**values)

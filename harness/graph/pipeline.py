@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import torch
 
+from harness.engine.protocol import Engine
 from harness.graph.capability import AttentionPath
 from harness.graph.draft_runner import DraftGraphConfig, DraftGraphRunner
 from harness.graph.drafter import Drafter, draft_model
@@ -105,7 +106,7 @@ class Path:
     finished: bool = False
 
 
-def run_pipeline(spec: PipelineSpec, engine: Any, record: RunRecord, ctx: RankContext = SINGLE_RANK,
+def run_pipeline(spec: PipelineSpec, engine: Engine, record: RunRecord, ctx: RankContext = SINGLE_RANK,
                  rank_model: Any = None, reference: bool = True) -> RunRecord:
     """Execute ``spec`` on ``engine``, filling ``record`` (also when something raises).
 

@@ -141,10 +141,10 @@ class StepPlanner:
         self.dispatcher = Dispatcher(config.mode, config.capture_sizes, config.uniform_decode_query_len,
                                      config.max_num_seqs, token_multiple=multiple,
                                      mixed_full_key_num_reqs=config.mixed_full_key_num_reqs)
-        # vLLM Ascend pads the requests of a non-FULL batch only with SP and without CP (dcp)
-        split = any(f.token_multiple() > 1 for f in self.features)
-        cp = any(f.name == "cp" for f in self.features)
-        self.pads_without_full = config.pad_requests_without_full or (split and not cp)
+        # vLLM Ascend pads the requests of a non-FULL batch only with SP and without CP (dcp):
+        # each feature says whether it makes it so, forbids it, or has no say
+        votes = [f.pads_requests_without_full() for f in self.features]
+        self.pads_without_full = config.pad_requests_without_full or (True in votes and False not in votes)
 
     # -- what to capture ----------------------------------------------------------------------
     def capture_plans(self) -> list[tuple[CUDAGraphMode, BatchDescriptor, AttentionMetadata]]:
@@ -192,7 +192,7 @@ class StepPlanner:
         cfg = self.config
         q = cfg.uniform_decode_query_len
         meta = self.metadata(step.requests) if step is not None else None
-        if meta is not None:
+        if step is not None and meta is not None:
             uniform, real, num_reqs = self.is_uniform(meta, step.requests), meta.num_actual_tokens, meta.num_reqs
         else:  # execute_dummy_batch: _dummy_run(num_tokens=q, uniform_decode=True)
             uniform, real, num_reqs = True, q, 1
@@ -230,6 +230,7 @@ class StepPlanner:
             idle = self._idle_metadata(decision)
             ledger = PaddingLedger(0, features=((woke.ledger or woke.name, tokens),))
             return StepPlan(PlanKind.IDLE, idle, decision, self._rank_view(idle), ledger, shape, True)
+        assert step is not None  # meta is the step's
         drafts = sum(r.num_new_tokens - 1 for r, d in zip(step.requests, step.decodes) if d) \
             if cfg.num_speculative_tokens else 0
         ledger = PaddingLedger(real - drafts, drafts, bucket,
@@ -245,6 +246,7 @@ class StepPlanner:
         is FULL (``disable_full``). The agreed count must come back unchanged (vLLM Ascend asserts
         it: every rank's ``num_tokens_across_dp`` entry is what the others were told)."""
         q, tokens = self.config.uniform_decode_query_len, shape.num_tokens
+        assert shape.mode is not None  # agreed from this rank's dispatch, which chose a mode
         uniform = uniform and tokens % q == 0
         reqs = tokens // q if uniform else num_reqs
         if self.config.dp_padding == "all_ranks":

@@ -35,6 +35,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from harness.engine.protocol import Engine
 from harness.graph.capability import AttentionPath
 from harness.graph.dispatcher import BatchDescriptor
 from harness.graph.graph_wrapper import CaptureMonitor, GraphWrapper, get_forward_context, set_forward_context
@@ -194,7 +195,7 @@ class GraphRunner:
     plan's runtime mode and batch descriptor, as upstream.
     """
 
-    def __init__(self, engine: Any, model: DecoderLM, kv_cache: PagedKVCache, config: RunnerConfig,
+    def __init__(self, engine: Engine, model: DecoderLM, kv_cache: PagedKVCache, config: RunnerConfig,
                  style: AttentionStyle = AttentionStyle()) -> None:
         self.engine, self.model, self.kv_cache, self.config, self.style = engine, model, kv_cache, config, style
         self.heads = attention_heads(model)
@@ -225,7 +226,7 @@ class GraphRunner:
         # global graph pool, shared by every ACLGraphWrapper).
         self.pool = pool = engine.graph_pool_handle() if mode is not CUDAGraphMode.NONE else None
         self.drafter: Any = None  # the draft model's graphs (a DraftGraphRunner), captured with each key
-        wrap = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses,
+        wrap: dict[str, Any] = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses,
                     capture_error_guidance=config.capture_error_guidance)
         # vLLM Ascend synchronizes before a FULL replay so that the host update of this step
         # cannot race the last replay (PR #4233); device buffers need no update, and vLLM's

@@ -10,7 +10,7 @@ from harness.graph.modes import CUDAGraphMode
 
 @dataclass(frozen=True)
 class RankAxis:
-    """One rank axis (dp, tp, cp, or a plugin's): its size, this rank's index on it, its group."""
+    """One rank axis (a feature's): its size, this rank's index on it, its group."""
 
     size: int = 1
     rank: int = 0
@@ -22,8 +22,8 @@ class RankContext:
     """Where this process sits among a scenario's ranks, one :class:`RankAxis` per axis.
 
     The axes come from the feature registry (``harness.features.layout``); an axis no active
-    feature declares reads as size 1. ``tp``/``dp``/``cp`` are shorthands the model and the
-    built-in features read.
+    feature declares reads as size 1. Each feature reads its own axis by the name it declares
+    (``ctx.axis(feature.axis)``): the harness knows no axis by name.
     """
 
     rank: int = 0
@@ -32,42 +32,6 @@ class RankContext:
 
     def axis(self, name: str) -> RankAxis:
         return self.axes.get(name, _SINGLE_AXIS)
-
-    @property
-    def tp(self) -> int:
-        return self.axis("tp").size
-
-    @property
-    def tp_rank(self) -> int:
-        return self.axis("tp").rank
-
-    @property
-    def tp_group(self) -> Any:
-        return self.axis("tp").group
-
-    @property
-    def dp(self) -> int:
-        return self.axis("dp").size
-
-    @property
-    def dp_rank(self) -> int:
-        return self.axis("dp").rank
-
-    @property
-    def dp_group(self) -> Any:
-        return self.axis("dp").group
-
-    @property
-    def cp(self) -> int:
-        return self.axis("cp").size
-
-    @property
-    def cp_rank(self) -> int:
-        return self.axis("cp").rank
-
-    @property
-    def cp_group(self) -> Any:
-        return self.axis("cp").group
 
 
 _SINGLE_AXIS = RankAxis()

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Union
+from typing import Any, Union, cast
 
 import torch
 import torch.nn.functional as F
@@ -320,14 +320,18 @@ class DecoderLM(nn.Module):
                 residual = self.embed_tokens(input_ids) + self.embed_positions(positions)
             else:
                 attn_out, residual = inputs
-                residual = self.layers[i - 1].post_attention(attn_out, residual)
+                residual = self._layer(i - 1).post_attention(attn_out, residual)
             if i == num_layers:
                 hidden = self.norm(residual)
                 if self.parallel.sp:
                     hidden = all_gather_rows(hidden, self.parallel)
                 return (self.lm_head(hidden).float(),)
-            query = self.layers[i].pre_attention(residual, slot_mapping, kv_cache)
+            query = self._layer(i).pre_attention(residual, slot_mapping, kv_cache)
             return (query, residual)
+
+    def _layer(self, i: int) -> DecoderLayer:
+        """Layer ``i`` as its own class (a ModuleList's items are typed as any Module)."""
+        return cast(DecoderLayer, self.layers[i])
 
     def forward(
         self,

@@ -94,10 +94,6 @@ class BlockAllocator:
         """Blocks owned by ``req_id`` in sequence order (empty if none)."""
         return list(self._owned.get(req_id, []))
 
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
     def slot(self, req_id: object, position: int) -> int:
         """Cache slot of token ``position`` of ``req_id`` (its blocks must cover it)."""
         owned = self._owned.get(req_id, [])

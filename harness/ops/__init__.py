@@ -6,6 +6,7 @@ Modules, read in this order:
 * :mod:`harness.ops.contract` -- the host contracts (strict / relaxed / off) and the checks
   that hold under every contract;
 * :mod:`harness.ops.observe` -- :class:`FiaCall` records, observers and tags;
+* :mod:`harness.ops.signature` -- FIA's keyword arguments, written once (:class:`FiaKeywords`);
 * :mod:`harness.ops.reference` -- the deterministic, batch-invariant attention math;
 * :mod:`harness.ops.library` -- the ``torch.ops.harness.*`` custom ops and fake kernels;
 * :mod:`harness.ops.fia` -- the wrappers (the "host tiling" step) that callers use;

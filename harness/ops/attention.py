@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -34,6 +34,9 @@ from harness.ops.fia import (
     npu_fused_infer_attention_score_out,
 )
 from harness.ops.observe import fia_call_tags
+
+if TYPE_CHECKING:  # the types only: harness.ops imports no backend
+    from harness.engine.protocol import DeviceStream, Engine, ExternalDeviceEvent, TaskGroup
 
 __all__ = ["AttentionHeads", "AttentionStyle", "LayerTask", "attend_eager", "capture_task_group", "fia_kwargs",
            "update_task_group"]
@@ -89,15 +92,15 @@ def attend_eager(query: Tensor, key_cache: Tensor, value_cache: Tensor, kwargs: 
 class LayerTask:
     """What a FULL graph keeps per attention layer to update its host parameters."""
 
-    handle: Any
-    event: Any
+    handle: TaskGroup
+    event: ExternalDeviceEvent
     query: Tensor
     out: Tensor
     lse: Tensor
     workspace: Tensor
 
 
-def capture_task_group(engine: Any, query: Tensor, key_cache: Tensor, value_cache: Tensor,
+def capture_task_group(engine: Engine, query: Tensor, key_cache: Tensor, value_cache: Tensor,
                        kwargs: dict[str, Any], workspace: Tensor | None = None) -> LayerTask:
     """Inside a capture: event wait + reset, task group begin, FIA ``.out``, task group end.
 
@@ -120,7 +123,7 @@ def capture_task_group(engine: Any, query: Tensor, key_cache: Tensor, value_cach
     return LayerTask(handle, event, query, out, lse, workspace)
 
 
-def update_task_group(engine: Any, stream: Any, task: LayerTask, key_cache: Tensor, value_cache: Tensor,
+def update_task_group(engine: Engine, stream: DeviceStream, task: LayerTask, key_cache: Tensor, value_cache: Tensor,
                       kwargs: dict[str, Any], *, update: bool = True) -> None:
     """After a replay, on ``stream``: re-issue FIA with new host lists, then record the event.
 
@@ -141,7 +144,7 @@ def update_task_group(engine: Any, stream: Any, task: LayerTask, key_cache: Tens
     task.event.record(stream)
 
 
-def update_layers(engine: Any, stream: Any, tasks: Sequence[LayerTask], caches: Sequence[tuple[Tensor, Tensor]],
+def update_layers(engine: Engine, stream: DeviceStream, tasks: Sequence[LayerTask], caches: Sequence[tuple[Tensor, Tensor]],
                   kwargs: dict[str, Any]) -> None:
     """Update every layer of a replayed FULL graph on ``stream`` (tags each call with its layer).
 

@@ -14,13 +14,18 @@ tensor data, so they are legal inside a capture.
 Backend dispatch: by default the op is the CPU reference in :mod:`harness.ops.library`. The
 NPU engine installs torch_npu's real op with :func:`set_native_impl`; this package never
 imports torch_npu. (The device-metadata variant has no native counterpart on Ascend.)
+
+The wrappers' keyword arguments are torch_npu's, defined once in
+:class:`harness.ops.signature.FiaKeywords` (the ops' schemas are rendered from the same
+definition); each wrapper's ``__signature__`` lists them.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -36,6 +41,10 @@ from harness.ops.contract import (
     shape_violation,
 )
 from harness.ops.observe import FiaCall, FiaCallKind, current_tags, record_fia_call
+from harness.ops.signature import FiaKeywords, wrapper_signature
+
+if TYPE_CHECKING:  # the type only: harness.ops imports no backend
+    from harness.engine.protocol import Engine
 
 NativeFn = Callable[..., Any]
 
@@ -73,7 +82,7 @@ def get_native_impl() -> tuple[NativeFn | None, NativeFn | None, NativeFn | None
     return _native.functional, _native.out, _native.workspace
 
 
-def register_updatable_ops(engine: Any) -> None:
+def register_updatable_ops(engine: Engine) -> None:
     """Tell an engine that reads its own graphs (``capabilities.reports_executed_arguments``: the
     emulator) which ops' host lists a graph update may replace
     (:data:`~harness.ops.library.UPDATABLE_OP_NAMES`), and what the device-metadata attention
@@ -141,21 +150,18 @@ def _validate(
     value: Tensor,
     actual_seq_lengths: Sequence[int] | None,
     actual_seq_lengths_kv: Sequence[int] | None,
-    block_table: Tensor | None,
-    block_size: int,
-    num_heads: int,
-    num_key_value_heads: int,
-    input_layout: str,
-    sparse_mode: int,
+    kw: FiaKeywords,
 ) -> None:
-    """Everything the host tiling checks, under ``contract``. Raises on the first problem."""
+    """Everything the host tiling checks, under ``contract``, of a call with ``kw`` whose host
+    lists are given as plain lists. Raises on the first problem."""
     problem = shape_violation(
-        query.shape, key.shape, value.shape, block_size=block_size, num_heads=num_heads,
-        num_key_value_heads=num_key_value_heads, input_layout=input_layout, sparse_mode=sparse_mode,
+        query.shape, key.shape, value.shape, block_size=kw.block_size, num_heads=kw.num_heads,
+        num_key_value_heads=kw.num_key_value_heads, input_layout=kw.input_layout, sparse_mode=kw.sparse_mode,
     )
     if problem is not None:
         raise FiaArgumentError(*problem)
-    if input_layout == "BNSD":  # dense: per-batch lengths, no block table, no last-element rule
+    block_table = kw.block_table
+    if kw.input_layout == "BNSD":  # dense: per-batch lengths, no block table, no last-element rule
         if block_table is not None:
             raise FiaArgumentError("block_table", "the harness models BNSD dense (non-paged) only; pass None")
         problem = bnsd_length_violation(query.shape, key.shape, actual_seq_lengths, actual_seq_lengths_kv)
@@ -172,7 +178,7 @@ def _validate(
     assert actual_seq_lengths is not None and actual_seq_lengths_kv is not None
     assert block_table is not None
     check_fia_lengths(
-        query.shape[0], actual_seq_lengths, actual_seq_lengths_kv, block_table.shape, block_size, contract
+        query.shape[0], actual_seq_lengths, actual_seq_lengths_kv, block_table.shape, kw.block_size, contract
     )
 
 
@@ -198,7 +204,7 @@ class _Observed:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> Literal[False]:
         error = None if exc is None else f"{type(exc).__name__}: {exc}"
         record_fia_call(FiaCall(**self._fields, error=error, tags=current_tags()))  # type: ignore[arg-type]
         return False
@@ -210,14 +216,7 @@ def _host_tiling(
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    actual_seq_lengths: Sequence[int] | None,
-    actual_seq_lengths_kv: Sequence[int] | None,
-    block_table: Tensor | None,
-    block_size: int,
-    num_heads: int,
-    num_key_value_heads: int,
-    input_layout: str,
-    sparse_mode: int,
+    kw: FiaKeywords,
 ) -> tuple[_Observed, FiaContract, list[int] | None, list[int] | None]:
     """Resolve the contract, evaluate strict/relaxed, and return the observer for the call.
 
@@ -227,18 +226,17 @@ def _host_tiling(
     name = resolve_contract(contract)
     T = int(query.shape[0])
     try:
-        q = _host_list("actual_seq_lengths", actual_seq_lengths)
-        kv = _host_list("actual_seq_lengths_kv", actual_seq_lengths_kv)
+        q = _host_list("actual_seq_lengths", kw.actual_seq_lengths)
+        kv = _host_list("actual_seq_lengths_kv", kw.actual_seq_lengths_kv)
     except FiaArgumentError:
         with _Observed(kind, T, (), (), 0, name, strict_ok=False, relaxed_ok=False):
             raise
-    args = (query, key, value, q, kv, block_table, block_size, num_heads, num_key_value_heads,
-            input_layout, sparse_mode)
+    args = (query, key, value, q, kv, kw)
     strict_ok = _accepts("strict", *args)
     relaxed_ok = strict_ok or _accepts("relaxed", *args)  # relaxed only loosens strict's rule
     observed = _Observed(
-        kind, T, _as_tuple(q), _as_tuple(kv), T if input_layout == "BNSD" else len(q or ()), name,
-        strict_ok=strict_ok, relaxed_ok=relaxed_ok, layout=str(input_layout),
+        kind, T, _as_tuple(q), _as_tuple(kv), T if kw.input_layout == "BNSD" else len(q or ()), name,
+        strict_ok=strict_ok, relaxed_ok=relaxed_ok, layout=str(kw.input_layout),
         # whether the active contract accepts the call, when already known ("off" only loosens
         # relaxed's): the wrapper then skips validating a third time
         accepted=strict_ok if name == "strict" else relaxed_ok,
@@ -250,22 +248,7 @@ def _host_tiling(
 
 
 def npu_fused_infer_attention_score(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    actual_seq_lengths: Sequence[int] | None = None,
-    actual_seq_lengths_kv: Sequence[int] | None = None,
-    block_table: Tensor | None = None,
-    block_size: int = 0,
-    num_heads: int = 1,
-    num_key_value_heads: int = 0,
-    scale: float = 1.0,
-    input_layout: str = "TND",
-    sparse_mode: int = 0,
-    atten_mask: Tensor | None = None,
-    softmax_lse_flag: bool = False,
-    contract: FiaContract | None = None,
+    query: Tensor, key: Tensor, value: Tensor, *, contract: FiaContract | None = None, **keywords: Any,
 ) -> tuple[Tensor, Tensor]:
     """Functional FIA: returns ``(attention_out [T, N, Dv], softmax_lse)``.
 
@@ -276,66 +259,34 @@ def npu_fused_infer_attention_score(
     ``softmax_lse`` is float32 ``[T, N, 1]`` with ``softmax_lse_flag``, else zeros ``[1]``.
     ``contract=None`` uses the current default (:func:`harness.ops.contract.fia_contract`).
     """
-    observed, name, q, kv = _host_tiling(
-        "functional", contract, query, key, value, actual_seq_lengths, actual_seq_lengths_kv,
-        block_table, block_size, num_heads, num_key_value_heads, input_layout, sparse_mode,
-    )
+    kw = FiaKeywords.of("npu_fused_infer_attention_score", keywords)
+    observed, name, q, kv = _host_tiling("functional", contract, query, key, value, kw)
     with observed:
         if not observed.accepted:  # raises the host tiling's error, inside the observation
-            _validate(name, query, key, value, q, kv, block_table, block_size, num_heads,
-                      num_key_value_heads, input_layout, sparse_mode)
-        kwargs = dict(
-            actual_seq_lengths=q, actual_seq_lengths_kv=kv, block_table=block_table,
-            block_size=block_size, num_heads=num_heads, num_key_value_heads=num_key_value_heads,
-            scale=scale, input_layout=input_layout, sparse_mode=sparse_mode,
-            atten_mask=atten_mask, softmax_lse_flag=softmax_lse_flag,
-        )
+            _validate(name, query, key, value, q, kv, kw)
+        kwargs = kw.as_kwargs(actual_seq_lengths=q, actual_seq_lengths_kv=kv)
         if _native.functional is not None:
             return _native.functional(query, key, value, **kwargs)
         return torch.ops.harness.npu_fused_infer_attention_score(query, key, value, **kwargs)
 
 
 def npu_fused_infer_attention_score_out(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    actual_seq_lengths: Sequence[int] | None = None,
-    actual_seq_lengths_kv: Sequence[int] | None = None,
-    block_table: Tensor | None = None,
-    block_size: int = 0,
-    num_heads: int = 1,
-    num_key_value_heads: int = 0,
-    scale: float = 1.0,
-    input_layout: str = "TND",
-    sparse_mode: int = 0,
-    atten_mask: Tensor | None = None,
-    softmax_lse_flag: bool = False,
-    workspace: Tensor,
-    out: Sequence[Tensor],
-    contract: FiaContract | None = None,
+    query: Tensor, key: Tensor, value: Tensor, *, workspace: Tensor, out: Sequence[Tensor],
+    contract: FiaContract | None = None, **keywords: Any,
 ) -> None:
     """FIA writing into ``out = (attention_out, softmax_lse)`` (torch_npu's ``.out`` form).
 
     The tensors keep their addresses; ``workspace`` comes from :func:`get_max_workspace`.
     With ``softmax_lse_flag=False`` the given ``softmax_lse`` (any float32 shape) is zeroed.
     """
-    observed, name, q, kv = _host_tiling(
-        "out", contract, query, key, value, actual_seq_lengths, actual_seq_lengths_kv,
-        block_table, block_size, num_heads, num_key_value_heads, input_layout, sparse_mode,
-    )
+    kw = FiaKeywords.of("npu_fused_infer_attention_score_out", keywords)
+    observed, name, q, kv = _host_tiling("out", contract, query, key, value, kw)
     with observed:
         if len(out) != 2:
             raise FiaArgumentError("out", f"must be (attention_out, softmax_lse), got {len(out)} tensors")
         if not observed.accepted:  # raises the host tiling's error, inside the observation
-            _validate(name, query, key, value, q, kv, block_table, block_size, num_heads,
-                      num_key_value_heads, input_layout, sparse_mode)
-        kwargs = dict(
-            actual_seq_lengths=q, actual_seq_lengths_kv=kv, block_table=block_table,
-            block_size=block_size, num_heads=num_heads, num_key_value_heads=num_key_value_heads,
-            scale=scale, input_layout=input_layout, sparse_mode=sparse_mode,
-            atten_mask=atten_mask, softmax_lse_flag=softmax_lse_flag,
-        )
+            _validate(name, query, key, value, q, kv, kw)
+        kwargs = kw.as_kwargs(actual_seq_lengths=q, actual_seq_lengths_kv=kv)
         if _native.out is not None:
             _native.out(query, key, value, **kwargs, workspace=workspace, out=list(out))
             return
@@ -343,6 +294,16 @@ def npu_fused_infer_attention_score_out(
             query, key, value, **kwargs,
             workspace=workspace, attention_out=out[0], softmax_lse=out[1],
         )
+
+
+_CONTRACT = inspect.Parameter("contract", inspect.Parameter.KEYWORD_ONLY, default=None,
+                              annotation="FiaContract | None")
+npu_fused_infer_attention_score.__signature__ = wrapper_signature(_CONTRACT)  # type: ignore[attr-defined]
+npu_fused_infer_attention_score_out.__signature__ = wrapper_signature(  # type: ignore[attr-defined]
+    inspect.Parameter("workspace", inspect.Parameter.KEYWORD_ONLY, annotation=Tensor),
+    inspect.Parameter("out", inspect.Parameter.KEYWORD_ONLY, annotation="Sequence[Tensor]"),
+    _CONTRACT,
+)
 
 
 def get_max_workspace(

@@ -9,7 +9,9 @@ nodes with the capture-time lengths baked in, and there would be nothing to upda
 Ops (schemas below):
 
 * ``harness::npu_fused_infer_attention_score`` -- functional, returns ``(attention_out,
-  softmax_lse)``. Mirrors torch_npu's keyword names; ``SymInt[]?`` as in torch_npu.
+  softmax_lse)``. Mirrors torch_npu's keyword names; ``SymInt[]?`` as in torch_npu. The
+  keywords are written once, in :class:`harness.ops.signature.FiaKeywords`: both schemas are
+  rendered from it, and every kernel below reads them as one.
 * ``harness::npu_fused_infer_attention_score.out`` -- writes into caller-owned tensors, so a
   captured graph keeps the same workspace/output addresses across updates. torch_npu spells
   the outputs as ``out=[attention_out, softmax_lse]``; a torch.library schema cannot take a
@@ -50,11 +52,13 @@ graph capture forbids host reads. The CUDA kernel equals the CPU one within floa
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from harness.ops.contract import bnsd_length_violation, bounds_violation, shape_violation
+from harness.ops.signature import FiaKeywords
 from harness.ops.reference import (
     as_4d_paged_cache,
     dense_bnsd_attention_into,
@@ -66,13 +70,7 @@ from harness.ops.reference import (
 
 NAMESPACE = "harness"
 
-_FIA_ARGS = (
-    "Tensor query, Tensor key, Tensor value, *, "
-    "SymInt[]? actual_seq_lengths=None, SymInt[]? actual_seq_lengths_kv=None, "
-    "Tensor? block_table=None, int block_size=0, int num_heads=1, int num_key_value_heads=0, "
-    'float scale=1.0, str input_layout="TND", int sparse_mode=0, Tensor? atten_mask=None, '
-    "bool softmax_lse_flag=False"
-)
+_FIA_ARGS = f"Tensor query, Tensor key, Tensor value, *, {FiaKeywords.schema()}"
 FIA_SCHEMA = f"npu_fused_infer_attention_score({_FIA_ARGS}) -> (Tensor, Tensor)"
 FIA_OUT_SCHEMA = (
     f"npu_fused_infer_attention_score.out({_FIA_ARGS}, "
@@ -102,6 +100,12 @@ def _raise_if_bad_shapes(query: Tensor, key: Tensor, value: Tensor, **kwargs: ob
     problem = shape_violation(query.shape, key.shape, value.shape, **kwargs)  # type: ignore[arg-type]
     if problem is not None:
         raise RuntimeError(f"harness FIA: {problem[0]}: {problem[1]}")
+
+
+def _raise_if_bad_layout(query: Tensor, key: Tensor, value: Tensor, kw: FiaKeywords) -> None:
+    _raise_if_bad_shapes(query, key, value, block_size=kw.block_size, num_heads=kw.num_heads,
+                         num_key_value_heads=kw.num_key_value_heads, input_layout=kw.input_layout,
+                         sparse_mode=kw.sparse_mode)
 
 
 def _lse_shape(query: Tensor, softmax_lse_flag: bool) -> tuple[int, ...]:
@@ -152,99 +156,44 @@ def _check_mask(sparse_mode: int, atten_mask: Tensor | None) -> bool:
 # --------------------------------------------------------------------------- host-list FIA
 
 
-def _fia_into(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    actual_seq_lengths: Sequence[int] | None,
-    actual_seq_lengths_kv: Sequence[int] | None,
-    block_table: Tensor | None,
-    block_size: int,
-    num_heads: int,
-    num_key_value_heads: int,
-    scale: float,
-    input_layout: str,
-    sparse_mode: int,
-    atten_mask: Tensor | None,
-    out: Tensor,
-    lse: Tensor | None,
-) -> None:
-    _raise_if_bad_shapes(
-        query, key, value, block_size=block_size, num_heads=num_heads,
-        num_key_value_heads=num_key_value_heads, input_layout=input_layout, sparse_mode=sparse_mode,
-    )
-    causal = _check_mask(sparse_mode, atten_mask)
-    if input_layout == "BNSD":
-        if block_table is not None:
+def _fia_into(query: Tensor, key: Tensor, value: Tensor, kw: FiaKeywords, out: Tensor, lse: Tensor | None) -> None:
+    _raise_if_bad_layout(query, key, value, kw)
+    causal = _check_mask(kw.sparse_mode, kw.atten_mask)
+    q_lengths, kv_lengths = kw.actual_seq_lengths, kw.actual_seq_lengths_kv
+    if kw.input_layout == "BNSD":
+        if kw.block_table is not None:
             raise RuntimeError("harness FIA: BNSD is modelled dense (non-paged); block_table must be None")
-        problem = bnsd_length_violation(query.shape, key.shape, actual_seq_lengths, actual_seq_lengths_kv)
+        problem = bnsd_length_violation(query.shape, key.shape, q_lengths, kv_lengths)
         if problem is not None:
             raise RuntimeError(f"harness FIA: {problem[0]}: {problem[1]}")
         batch = query.shape[0]
-        q_lens = [query.shape[2]] * batch if actual_seq_lengths is None else [int(x) for x in actual_seq_lengths]
-        kv_lens = [key.shape[2]] * batch if actual_seq_lengths_kv is None else [int(x) for x in actual_seq_lengths_kv]
-        dense_bnsd_attention_into(query, key, value, q_lens, kv_lens, scale=scale, causal=causal, out=out, lse=lse)
+        q_lens = [query.shape[2]] * batch if q_lengths is None else [int(x) for x in q_lengths]
+        kv_lens = [key.shape[2]] * batch if kv_lengths is None else [int(x) for x in kv_lengths]
+        dense_bnsd_attention_into(query, key, value, q_lens, kv_lens, scale=kw.scale, causal=causal, out=out, lse=lse)
         return
-    spans = _host_list_spans(query, actual_seq_lengths, actual_seq_lengths_kv, block_table, block_size)
-    assert block_table is not None
-    kv_heads = num_key_value_heads or num_heads
+    spans = _host_list_spans(query, q_lengths, kv_lengths, kw.block_table, kw.block_size)
+    assert kw.block_table is not None
     paged_attention_into(
-        query, as_4d_paged_cache(key, kv_heads), as_4d_paged_cache(value, kv_heads), block_table, spans,
-        block_size=block_size, scale=scale, causal=causal, out=out, lse=lse,
+        query, as_4d_paged_cache(key, kw.kv_heads), as_4d_paged_cache(value, kw.kv_heads), kw.block_table, spans,
+        block_size=kw.block_size, scale=kw.scale, causal=causal, out=out, lse=lse,
     )
 
 
-def _fia_kernel(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    actual_seq_lengths: Sequence[int] | None = None,
-    actual_seq_lengths_kv: Sequence[int] | None = None,
-    block_table: Tensor | None = None,
-    block_size: int = 0,
-    num_heads: int = 1,
-    num_key_value_heads: int = 0,
-    scale: float = 1.0,
-    input_layout: str = "TND",
-    sparse_mode: int = 0,
-    atten_mask: Tensor | None = None,
-    softmax_lse_flag: bool = False,
-) -> tuple[Tensor, Tensor]:
-    out = query.new_empty(_out_shape(query, value, num_key_value_heads or num_heads))
+def _fia_kernel(query: Tensor, key: Tensor, value: Tensor, **keywords: Any) -> tuple[Tensor, Tensor]:
+    kw = FiaKeywords(**keywords)
+    out = query.new_empty(_out_shape(query, value, kw.kv_heads))
     lse = torch.empty(_lse_shape(query, True), dtype=torch.float32, device=query.device)
-    _fia_into(
-        query, key, value, actual_seq_lengths, actual_seq_lengths_kv, block_table, block_size,
-        num_heads, num_key_value_heads, scale, input_layout, sparse_mode, atten_mask, out, lse,
-    )
-    if not softmax_lse_flag:
+    _fia_into(query, key, value, kw, out, lse)
+    if not kw.softmax_lse_flag:
         lse = torch.zeros((1,), dtype=torch.float32, device=query.device)
     return out, lse
 
 
-def _fia_fake(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    actual_seq_lengths: Sequence[int] | None = None,
-    actual_seq_lengths_kv: Sequence[int] | None = None,
-    block_table: Tensor | None = None,
-    block_size: int = 0,
-    num_heads: int = 1,
-    num_key_value_heads: int = 0,
-    scale: float = 1.0,
-    input_layout: str = "TND",
-    sparse_mode: int = 0,
-    atten_mask: Tensor | None = None,
-    softmax_lse_flag: bool = False,
-) -> tuple[Tensor, Tensor]:
-    _raise_if_bad_shapes(
-        query, key, value, block_size=block_size, num_heads=num_heads,
-        num_key_value_heads=num_key_value_heads, input_layout=input_layout, sparse_mode=sparse_mode,
-    )
-    out = query.new_empty(_out_shape(query, value, num_key_value_heads or num_heads))
-    lse = query.new_empty(_lse_shape(query, softmax_lse_flag), dtype=torch.float32)
+def _fia_fake(query: Tensor, key: Tensor, value: Tensor, **keywords: Any) -> tuple[Tensor, Tensor]:
+    kw = FiaKeywords(**keywords)
+    _raise_if_bad_layout(query, key, value, kw)
+    out = query.new_empty(_out_shape(query, value, kw.kv_heads))
+    lse = query.new_empty(_lse_shape(query, kw.softmax_lse_flag), dtype=torch.float32)
     return out, lse
 
 
@@ -276,63 +225,20 @@ def _check_out_tensors(
         raise RuntimeError(f"harness FIA: workspace holds {have} bytes, needs {need}")
 
 
-def _fia_out_kernel(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    actual_seq_lengths: Sequence[int] | None = None,
-    actual_seq_lengths_kv: Sequence[int] | None = None,
-    block_table: Tensor | None = None,
-    block_size: int = 0,
-    num_heads: int = 1,
-    num_key_value_heads: int = 0,
-    scale: float = 1.0,
-    input_layout: str = "TND",
-    sparse_mode: int = 0,
-    atten_mask: Tensor | None = None,
-    softmax_lse_flag: bool = False,
-    workspace: Tensor,
-    attention_out: Tensor,
-    softmax_lse: Tensor,
-) -> None:
-    _check_out_tensors(query, value, workspace, attention_out, softmax_lse, softmax_lse_flag,
-                       num_key_value_heads or num_heads)
-    _fia_into(
-        query, key, value, actual_seq_lengths, actual_seq_lengths_kv, block_table, block_size,
-        num_heads, num_key_value_heads, scale, input_layout, sparse_mode, atten_mask,
-        attention_out, softmax_lse if softmax_lse_flag else None,
-    )
-    if not softmax_lse_flag:
+def _fia_out_kernel(query: Tensor, key: Tensor, value: Tensor, *, workspace: Tensor, attention_out: Tensor,
+                    softmax_lse: Tensor, **keywords: Any) -> None:
+    kw = FiaKeywords(**keywords)
+    _check_out_tensors(query, value, workspace, attention_out, softmax_lse, kw.softmax_lse_flag, kw.kv_heads)
+    _fia_into(query, key, value, kw, attention_out, softmax_lse if kw.softmax_lse_flag else None)
+    if not kw.softmax_lse_flag:
         softmax_lse.zero_()
 
 
-def _fia_out_fake(
-    query: Tensor,
-    key: Tensor,
-    value: Tensor,
-    *,
-    actual_seq_lengths: Sequence[int] | None = None,
-    actual_seq_lengths_kv: Sequence[int] | None = None,
-    block_table: Tensor | None = None,
-    block_size: int = 0,
-    num_heads: int = 1,
-    num_key_value_heads: int = 0,
-    scale: float = 1.0,
-    input_layout: str = "TND",
-    sparse_mode: int = 0,
-    atten_mask: Tensor | None = None,
-    softmax_lse_flag: bool = False,
-    workspace: Tensor,
-    attention_out: Tensor,
-    softmax_lse: Tensor,
-) -> None:
-    _raise_if_bad_shapes(
-        query, key, value, block_size=block_size, num_heads=num_heads,
-        num_key_value_heads=num_key_value_heads, input_layout=input_layout, sparse_mode=sparse_mode,
-    )
-    _check_out_tensors(query, value, workspace, attention_out, softmax_lse, softmax_lse_flag,
-                       num_key_value_heads or num_heads)
+def _fia_out_fake(query: Tensor, key: Tensor, value: Tensor, *, workspace: Tensor, attention_out: Tensor,
+                  softmax_lse: Tensor, **keywords: Any) -> None:
+    kw = FiaKeywords(**keywords)
+    _raise_if_bad_layout(query, key, value, kw)
+    _check_out_tensors(query, value, workspace, attention_out, softmax_lse, kw.softmax_lse_flag, kw.kv_heads)
 
 
 # --------------------------------------------------------------------------- device metadata

@@ -40,7 +40,7 @@ class RanksOutcome:
     failures: list[RankFailure]
     duration: float
     logs: list[str] = field(default_factory=list)
-    pids: list[int] = field(default_factory=list)
+    pids: list[int | None] = field(default_factory=list)  # None: a rank whose process never started
     startup: float = 0.0
     """Seconds from the first start until every rank was ready (not counted in ``timeout``)."""
 

@@ -37,10 +37,12 @@ def warm_server_pid() -> int | None:
     """The pid of this process's warm fork server, None before the first warm run."""
     from multiprocessing import forkserver
 
-    return forkserver._forkserver._forkserver_pid  # noqa: SLF001 - the stdlib has no public getter
+    server: Any = forkserver._forkserver  # noqa: SLF001 - the stdlib has no public getter (nor typeshed its state)
+    pid: int | None = server._forkserver_pid
+    return pid
 
 
-def warm_context(fn: Callable[..., Any]) -> multiprocessing.context.BaseContext:
+def warm_context(fn: Callable[..., Any]) -> multiprocessing.context.ForkServerContext:
     """The forkserver context; the server (started on first use) preloads torch and ``fn``'s module.
 
     The preload list only matters when the server starts: later runs reuse the server, and a
@@ -68,7 +70,7 @@ def fork_warm_server(preload: list[str]) -> None:
     before."""
     from multiprocessing import connection, forkserver, resource_tracker, util
 
-    server = forkserver._forkserver  # noqa: SLF001 - the stdlib's own server object
+    server: Any = forkserver._forkserver  # noqa: SLF001 - the stdlib's own server object (private: typeshed omits its state)
     if sys.platform != "linux" or sys.version_info >= (3, 14) or hasattr(server, "_forkserver_authkey"):
         return
     torch = sys.modules.get("torch")
@@ -87,7 +89,7 @@ def fork_warm_server(preload: list[str]) -> None:
             return
         resource_tracker.ensure_running()
         with socket.socket(socket.AF_UNIX) as listener:
-            address = connection.arbitrary_address("AF_UNIX")
+            address = connection.arbitrary_address("AF_UNIX")  # type: ignore[attr-defined]  # private, not in typeshed
             listener.bind(address)
             if not util.is_abstract_socket_namespace(address):
                 os.chmod(address, 0o600)

@@ -48,14 +48,15 @@ def dump_stacks(procs: list[BaseProcess], workdir: str, ranks: list[int]) -> dic
     :data:`~harness.ranks.protocol.STACK_MARKER`."""
     asked: dict[int, int] = {}
     for r in ranks:
-        if not alive(procs[r]) or procs[r].pid is None:
+        pid = procs[r].pid
+        if not alive(procs[r]) or pid is None:
             continue
         path = log_path(workdir, r)
         try:
             with open(path, "a") as log:
                 log.write("\n" + STACK_MARKER)
             asked[r] = os.path.getsize(path)
-            os.kill(procs[r].pid, signal.SIGUSR1)
+            os.kill(pid, signal.SIGUSR1)
         except OSError:  # gone meanwhile
             asked.pop(r, None)
     stacks: dict[int, str] = {}

@@ -20,7 +20,7 @@ import os
 import signal
 import time
 from multiprocessing.process import BaseProcess
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from .outcome import RankFailure
 from .protocol import mtime, read_result, ready_path, result_path
@@ -75,7 +75,7 @@ def supervise(
             if not isinstance(woke, int):  # a worker's "job over" (or EOF: it died; its sentinel says so)
                 r = conns.index(woke)  # type: ignore[union-attr]
                 try:
-                    woke.recv_bytes()
+                    cast(multiprocessing.connection.Connection, woke).recv_bytes()
                     over.add(r)
                 except (EOFError, OSError):
                     closed.add(r)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import faulthandler
+import io
 import multiprocessing.connection
 import os
 import pickle
@@ -26,6 +27,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import cast
 
 from .devices import group_device_type, rank_device
 from .protocol import Job, describe, finished_path, log_path, ready_path, write_result
@@ -104,7 +106,7 @@ def _run_job(job: Job) -> bool:
     os.close(log_fd)
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(line_buffering=True)  # a print survives a later os._exit
+            cast(io.TextIOWrapper, stream).reconfigure(line_buffering=True)  # a print survives a later os._exit
         except (AttributeError, ValueError):
             pass
     try:

@@ -42,9 +42,10 @@ class Chromium:
 
     def __init__(self, executable: str | None = None, *, width: int = 1400, height: int = 1000,
                  timeout: float = 120.0) -> None:
-        self.executable = executable or find_chromium()
-        if self.executable is None:
+        found = executable or find_chromium()
+        if found is None:
             raise BrowserError("no chromium executable found")
+        self.executable: str = found
         self.width, self.height, self.timeout = width, height, timeout
         self.errors: list[str] = []  # script errors the page raised, as text
         self._next_id = 0

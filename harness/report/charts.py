@@ -6,7 +6,7 @@ the first chart only, and figures are built without pyplot (no global state, thr
 Three pictures where a table reads worse:
 
 - :func:`step_tokens_svg`: per step, the real tokens against the padding, stacked by the
-  padding ledger's sources (bucket, sp, dp, spec, cp), the first failing step marked;
+  padding ledger's sources (the bucket, each feature's column), the first failing step marked;
 - :func:`streams_svg`: per captured bucket, the device streams held against the pool;
 - :func:`padding_waste_svg`: per bucket over a whole run, the share of its tokens that were
   padding, by source.
@@ -22,11 +22,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["step_tokens_svg", "streams_svg", "padding_waste_svg", "padding_by_bucket", "step_padding",
-           "SOURCE_COLOURS", "preload", "safely"]
+           "source_colours", "preload", "safely"]
 
-#: One colour per ledger source, the same in every chart (real work is blue, padding warm).
-SOURCE_COLOURS = {"real": "#4c78a8", "bucket": "#f58518", "sp": "#e45756", "dp": "#b279a2",
-                  "spec": "#72b7b2", "cp": "#eeca3b"}
+#: The ledger's own sources; each feature declares its column's colour (``Feature.ledger_colour``).
+_CORE_COLOURS = {"real": "#4c78a8", "bucket": "#f58518"}
 _OTHER = "#9d755d"
 _FAIL = "#c62828"
 
@@ -39,14 +38,23 @@ def safely(draw: Any, *args: Any, **kwargs: Any) -> str:
         return f'<p class="gh-muted">[chart not drawn: {type(error).__name__}]</p>'
 
 
+def source_colours() -> dict[str, str]:
+    """One colour per ledger source, the same in every chart (real work is blue, padding warm):
+    the ledger's own, then each registered feature's column."""
+    from harness.features import ledger_colours
+
+    return {**_CORE_COLOURS, **ledger_colours()}
+
+
 def _colour(source: str) -> str:
-    return SOURCE_COLOURS.get(source, _OTHER)
+    return source_colours().get(source, _OTHER)
 
 
 def _sources(ledgers: Iterable[Mapping]) -> list[str]:
     """Ledger sources in a stable order: real first, the known ones, then any others by name."""
     seen = {key for ledger in ledgers for key in ledger}
-    return [s for s in SOURCE_COLOURS if s in seen] + sorted(seen - set(SOURCE_COLOURS))
+    known = source_colours()
+    return [s for s in known if s in seen] + sorted(seen - set(known))
 
 
 def _matplotlib() -> Any:
@@ -135,7 +143,7 @@ def streams_svg(by_bucket: Sequence[Mapping], pool: Any, *, salt: str = "") -> s
                       bottom=0.62 if len(rows) > 16 else 0.42)
     xs = list(range(len(rows)))
     held = [float(b["in_use"]) for b in rows]
-    ax.bar(xs, held, width=0.7, color=SOURCE_COLOURS["real"], linewidth=0, label="streams held")
+    ax.bar(xs, held, width=0.7, color=_CORE_COLOURS["real"], linewidth=0, label="streams held")
     failed = [(x, h, b.get("needed")) for x, h, b in zip(xs, held, rows) if b.get("failed")]
     if failed:  # what the failed capture asked for, on top of what was held: over the line
         ax.bar([x for x, _, _ in failed], [float(n) if isinstance(n, (int, float)) else 0.0 for _, _, n in failed],

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from deepdiff import DeepDiff
 
@@ -127,7 +127,8 @@ def reduce_items(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for record in data["items"]:
         if not isinstance(record, dict):
             continue
-        metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else item_metrics(record)
+        given = record.get("metrics")
+        metrics = given if isinstance(given, dict) else item_metrics(record)
         reduced[item_key(record)] = {
             "outcome": record.get("outcome"),
             "failed_checks": sorted(record.get("failed_checks") or []),
@@ -138,7 +139,8 @@ def reduce_items(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _origin(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:
-    run = data.get("run") if isinstance(data.get("run"), dict) else {}
+    given = data.get("run")
+    run = given if isinstance(given, dict) else {}
     return {"path": str(path), "commit": run.get("commit"), "started": run.get("started"), "items": len(data["items"])}
 
 
@@ -153,7 +155,7 @@ def diff_results(baseline: dict[str, Any], current: dict[str, Any], *,
     # The verdict text is explanation, not state: it is reported, never compared.
     # threshold_to_diff_deeper=0: DeepDiff >= 8 otherwise reports two dicts sharing under a third
     # of their keys (a baseline whose ids changed) as one root change, with no item in it.
-    comparable = {"exclude_regex_paths": [r"root\[.+?\]\['verdict'\]"], "threshold_to_diff_deeper": 0}
+    comparable: dict[str, Any] = {"exclude_regex_paths": [r"root\[.+?\]\['verdict'\]"], "threshold_to_diff_deeper": 0}
     tree = DeepDiff(before, after, view="tree", **comparable)
     outcome_changed: set[str] = set()
     checks_changed: set[str] = set()
@@ -265,7 +267,7 @@ def render_text(diff: RunDiff) -> str:
     lines = [f"graph-harness diff: {_header(diff)}", "no changes" if diff.unchanged else _counts(diff)]
     if _noise(diff):
         lines.append(_noise(diff))
-    sections = [
+    sections: list[tuple[str, Sequence[Any], Callable[[Any], str]]] = [  # (changes or moves, each its line)
         ("NEW FAILURES", diff.new_failures, lambda c: f"{c.key}: {_checks(c.checks_after)} ({_outcomes(c)}): {c.verdict}"),
         ("FIXED", diff.fixed, lambda c: f"{c.key}: was {_checks(c.checks_before)} ({_outcomes(c)})"),
         ("CHANGED FAILED CHECKS", diff.changed_checks,

@@ -19,7 +19,7 @@ import json
 import os
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -196,12 +196,13 @@ def _host_lists(executed: Any) -> str:
                      for layer, lists in enumerate(_list(executed)))
 
 
-def _equality(check: Mapping, state: str) -> dict | None:
+def _equality(check: Mapping, state: str | None) -> dict | None:
     details = _dict(check.get("details"))
     mismatches = _list(details.get("mismatches"))
     if not mismatches:
         return None
-    rows, metadata = [], []
+    rows: list[dict[str, object]] = []
+    metadata: list[dict[str, object]] = []
     for m in map(_dict, mismatches[:MAX_ROWS]):
         tol = _dict(m.get("tolerance"))
         where = f"{_text(m.get('request'))} @ {_text(m.get('position'))}"
@@ -325,7 +326,7 @@ def _evidence(record: Mapping, states: list, first: Any, *, draw: bool, salt: st
     checks = _dict(record.get("checks"))
     run = _dict(record.get("run"))
     state_of = {s.name: s.state for s in states}
-    rank = {FAIL: 1, EXPLAINED: 2}
+    rank: dict[str | None, int] = {FAIL: 1, EXPLAINED: 2}
     names = sorted(checks, key=lambda n: (0 if first and n == first.check else rank.get(state_of.get(n), 3),
                                           list(checks).index(n)))
     sections = []
@@ -347,8 +348,9 @@ def _evidence(record: Mapping, states: list, first: Any, *, draw: bool, salt: st
             section = None
         if section:
             sections.append(section)
-    if "execution" not in checks and _list(run.get("errors")):
-        sections.append(_execution({}, run))  # errors a check explains, listed after its evidence
+    errors_section = _execution({}, run) if "execution" not in checks and _list(run.get("errors")) else None
+    if errors_section:
+        sections.append(errors_section)  # errors a check explains, listed after its evidence
     return sections
 
 
@@ -424,16 +426,16 @@ def _grid(records: list[Mapping]) -> dict:
     combos = sorted({f for _, f in cells}, key=lambda f: (f != "base", f.count("+"), f))
     rows = []
     for combo in combos:
-        row = []
+        row: list[dict[str, object] | None] = []
         for mode in modes:
-            counts = cells.get((mode, combo))
-            if not counts:
+            cell = cells.get((mode, combo))
+            if not cell:
                 row.append(None)
                 continue
-            worst = min(counts, key=lambda o: severity.get(o, -1))
-            title = ", ".join(f"{n} {o}" for o, n in sorted(counts.items(), key=lambda kv: severity.get(kv[0], -1)))
-            bad = counts.get("failed", 0)
-            total = sum(counts.values())
+            worst = min(cell, key=lambda o: severity.get(o, -1))
+            title = ", ".join(f"{n} {o}" for o, n in sorted(cell.items(), key=lambda kv: severity.get(kv[0], -1)))
+            bad = cell.get("failed", 0)
+            total = sum(cell.values())
             row.append({"worst": worst, "total": total, "title": f"{mode} \u00d7 {combo}: {title}", "bad": bad,
                         "text": f"{bad}/{total}" if bad else str(total)})
         rows.append((combo, row))
@@ -446,7 +448,7 @@ def _grid(records: list[Mapping]) -> dict:
 COLLAPSED = "passed,skipped,xfailed,xpassed"
 
 
-def render_page(records: list[Mapping], *, media: bool = True, collapsed: str = COLLAPSED) -> str:
+def render_page(records: Sequence[Mapping], *, media: bool = True, collapsed: str = COLLAPSED) -> str:
     """What goes once at the top of the page: CSS, the outcome grid, the run's charts, filters.
 
     ``collapsed``: the outcomes whose rows start collapsed (pytest-html's ``render_collapsed``;
@@ -464,8 +466,8 @@ def render_page(records: list[Mapping], *, media: bool = True, collapsed: str = 
         outcome = str(record.get("outcome") or "unknown")
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     grid = _grid(records)
-    usage = [(_utilisation(_dict(_dict(r.get("run")).get("stream_usage"))), r) for r in records]
-    usage = [(u, r) for u, r in usage if u is not None]
+    measured = [(_utilisation(_dict(_dict(r.get("run")).get("stream_usage"))), r) for r in records]
+    usage = [(u, r) for u, r in measured if u is not None]
     peak = max(usage, key=lambda ur: ur[0]) if usage else None
     context = {
         "css": _static("report.css"), "script": _static("report.js"),

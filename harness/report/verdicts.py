@@ -139,7 +139,8 @@ def render_markdown(rows: list[Row], device_name: str, reference_name: str = "em
 
 
 def _backend(payload: dict[str, Any], fallback: str) -> str:
-    environment = payload.get("environment") if isinstance(payload.get("environment"), dict) else {}
+    given = payload.get("environment")
+    environment = given if isinstance(given, dict) else {}
     return str(environment.get("backend") or fallback)
 
 

@@ -23,10 +23,6 @@ CHECK_ORDER = ("fia_invariant", "stale_params", "stream_budget", "equality", "di
 
 PASS, FAIL, NOT_EVALUATED, EXPLAINED = "pass", "fail", "not-evaluated", "explained"
 
-#: The feature sections of a scenario and how each names itself in a combination (``sp2``).
-_FEATURES = (("sp", "tp", "sp"), ("dp", "size", "dp"), ("mtp", "k", "mtp"), ("cp", "size", "cp"))
-_FEATURE_OFF = {"sp": 1, "dp": 1, "mtp": 0, "cp": 1}
-
 
 def _dict(value: Any) -> Mapping:
     return value if isinstance(value, Mapping) else {}
@@ -64,14 +60,11 @@ def item_mode(record: Mapping) -> str:
 
 
 def feature_label(scenario: Any) -> str:
-    """The item's feature combination as the matrix ids spell it (``sp2+mtp1``), or ``base``."""
-    features = _dict(_dict(scenario).get("features"))
-    parts = []
-    for section, field, short in _FEATURES:
-        value = _dict(features.get(section)).get(field)
-        if isinstance(value, int) and value != _FEATURE_OFF[section]:
-            parts.append(f"{short}{value}")
-    return "+".join(parts) if parts else "base"
+    """The item's feature combination (``sp2+mtp1``), or ``base``: each feature names itself
+    (:meth:`harness.features.Feature.label`), in registry order."""
+    from harness.features import feature_label as combination
+
+    return combination(_dict(_dict(scenario).get("features")))
 
 
 def fixes_off(scenario: Any) -> list[str]:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from harness.features import all_fix_switches, registry
 
-__all__ = ["CORE_FIXES", "build_features_model", "build_fixes_model"]
+__all__ = ["CORE_FIXES", "build_features_model", "build_fixes_model", "mirrored_by"]
 
 #: The pipeline's own fixes (not any feature's): name -> description.
 CORE_FIXES = {
@@ -31,6 +31,13 @@ CORE_FIXES = {
                           "it (vLLM Ascend PR #4233; false: with async scheduling the update of one step races the "
                           "replay of the step before).",
 }
+
+
+def mirrored_by(path: str) -> str:
+    """The description of a field that mirrors a feature's setting (``Feature.mirrors``): the
+    feature that owns it is named by the registry, not by the schema."""
+    owners = [f"features.{name}.{cls.mirrors[path]}" for name, cls in registry().items() if path in cls.mirrors]
+    return f"Kept equal to {' and '.join(owners)} (either may be given)." if owners else ""
 
 
 def _issues(error: ValidationError, prefix: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], str]]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from yaml import events as ev
@@ -134,30 +134,124 @@ def compose_text(text: str, path: str) -> Composed:
 
 
 def _compose(text: str, path: str) -> tuple[Node | None, list[tuple[Loc, int, str]], int]:
-    resolver = yaml.resolver.Resolver()
-    anchors: dict[str, tuple[Node, int, int]] = {}  # anchor -> (node, expanded size, height)
-    open_anchors: dict[str, int] = {}  # anchors of nodes still being composed -> their line
-    stack: list[_Open] = []
-    duplicates: list[tuple[Loc, int, str]] = []
-    total = 0
-    root: Node | None = None
-    documents = 0
+    """The node tree of ``text``, the duplicate keys found, and the values it expands to."""
+    composer = _Composer(path)
+    handlers = composer.handlers()
+    for event in yaml.parse(text, Loader=_PARSER):
+        handle = handlers.get(type(event))
+        if handle is not None:  # stream and document ends change nothing
+            handle(event)
+    return composer.root, composer.duplicates, composer.total
 
-    def child_loc() -> Loc:
-        if not stack:
+
+class _Composer:
+    """Builds the node tree one parser event at a time, with the bounds checked as it goes
+    (the module's docstring says which and why)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.resolver = yaml.resolver.Resolver()
+        self.anchors: dict[str, tuple[Node, int, int]] = {}  # anchor -> (node, expanded size, height)
+        self.open_anchors: dict[str, int] = {}  # anchors of nodes still being composed -> their line
+        self.stack: list[_Open] = []
+        self.duplicates: list[tuple[Loc, int, str]] = []
+        self.total = 0
+        self.root: Node | None = None
+        self.documents = 0
+
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
+        """The step for each kind of event (PyYAML's parsers emit these classes exactly)."""
+        return {ev.DocumentStartEvent: self.document_start, ev.AliasEvent: self.alias,
+                ev.ScalarEvent: self.scalar, ev.SequenceStartEvent: self.collection_start,
+                ev.MappingStartEvent: self.collection_start, ev.SequenceEndEvent: self.collection_end,
+                ev.MappingEndEvent: self.collection_end}
+
+    # -- one step per event
+
+    def document_start(self, event: ev.DocumentStartEvent) -> None:
+        self.documents += 1
+        if self.documents > 1:
+            raise _fail("a scenario file holds one YAML document; this is a second one", self.path,
+                        _line(event))
+
+    def alias(self, event: ev.AliasEvent) -> None:
+        """An alias costs what its anchor's node expands to, and may not refer to an open node."""
+        name = event.anchor
+        if name in self.open_anchors:
+            raise _fail(f"recursive alias *{name}: it refers to the node it is part of "
+                        f"(anchor &{name} at line {self.open_anchors[name]})", self.path, _line(event))
+        if name not in self.anchors:
+            raise _fail(f"YAML syntax error: alias *{name} has no anchor &{name} before it",
+                        self.path, _line(event))
+        node, size, height = self.anchors[name]
+        if len(self.stack) + height > MAX_DEPTH:
+            raise _fail(f"alias *{name} nests the file deeper than the maximum of {MAX_DEPTH} "
+                        "levels", self.path, _line(event))
+        self._count(size, event, alias=name)
+        self._attach(node, size, height)
+
+    def scalar(self, event: ev.ScalarEvent) -> None:
+        tag = event.tag
+        if tag is None or tag == "!":
+            tag = self.resolver.resolve(ScalarNode, event.value, event.implicit)
+        if tag == _INT and len(event.value) > MAX_INT_DIGITS:
+            raise _fail(f"integer of {len(event.value)} characters is above the maximum of "
+                        f"{MAX_INT_DIGITS} digits", self.path, _line(event), _fmt(self._child_loc()))
+        node = ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)
+        self._count(1, event)
+        if event.anchor is not None:
+            self._check_new_anchor(event.anchor, event)
+            self.anchors[event.anchor] = (node, 1, 1)
+        self._attach(node, 1, 1)
+
+    def collection_start(self, event: ev.SequenceStartEvent | ev.MappingStartEvent) -> None:
+        """A mapping or sequence opens: it stays on the stack until its end event."""
+        kind = MappingNode if isinstance(event, ev.MappingStartEvent) else SequenceNode
+        tag = event.tag
+        if tag is None or tag == "!":
+            tag = self.resolver.resolve(kind, None, event.implicit)
+        node = kind(tag, [], event.start_mark, None, flow_style=event.flow_style)
+        if len(self.stack) + 1 > MAX_DEPTH:
+            raise _fail(f"the file nests deeper than the maximum of {MAX_DEPTH} levels", self.path,
+                        _line(event))
+        self._count(1, event)
+        loc = self._child_loc()
+        if event.anchor is not None:
+            self._check_new_anchor(event.anchor, event)
+            self.open_anchors[event.anchor] = _line(event)
+        self.stack.append(_Open(node, event.anchor, loc))
+
+    def collection_end(self, event: ev.SequenceEndEvent | ev.MappingEndEvent) -> None:
+        """A mapping or sequence closes: its size and height are known, its keys checked once."""
+        top = self.stack.pop()
+        top.node.value = top.items
+        top.node.end_mark = event.end_mark
+        if isinstance(top.node, MappingNode):
+            self.duplicates.extend(_duplicate_keys(top.node, top.loc))
+        if top.anchor is not None:
+            del self.open_anchors[top.anchor]
+            self.anchors[top.anchor] = (top.node, top.size, top.height)
+        self._attach(top.node, top.size, top.height)
+
+    # -- helpers
+
+    def _child_loc(self) -> Loc:
+        """The data location of the node about to be attached."""
+        if not self.stack:
             return ()
-        top = stack[-1]
+        top = self.stack[-1]
         if isinstance(top.node, SequenceNode):
             return top.loc + (len(top.items),)
         key = top.key
         return top.loc + (key.value if isinstance(key, ScalarNode) else "?",)
 
-    def attach(node: Node, size: int, height: int) -> None:
-        nonlocal root
-        if not stack:
-            root = node
+    def _attach(self, node: Node, size: int, height: int) -> None:
+        """``node`` becomes the root, an item of the open sequence, or a key or value of the
+        open mapping; the open node grows by its size and height."""
+        if not self.stack:
+            self.root = node
             return
-        top = stack[-1]
+        top = self.stack[-1]
         top.size += size
         top.height = max(top.height, height + 1)
         if isinstance(top.node, SequenceNode):
@@ -168,81 +262,16 @@ def _compose(text: str, path: str) -> tuple[Node | None, list[tuple[Loc, int, st
             top.items.append((top.key, node))
             top.key = None
 
-    def count(n: int, event: ev.Event, alias: str | None = None) -> None:
-        nonlocal total
-        total += n
-        if total > MAX_VALUES:
+    def _count(self, n: int, event: ev.Event, alias: str | None = None) -> None:
+        self.total += n
+        if self.total > MAX_VALUES:
             what = f"alias *{alias} expands the file beyond" if alias else "the file has more than"
             raise _fail(f"{what} the maximum of {MAX_VALUES} values (scalars, keys included, "
-                        "mappings and sequences)", path, _line(event))
+                        "mappings and sequences)", self.path, _line(event))
 
-    def register(anchor: str | None, node: Node, size: int, height: int, event: ev.Event) -> None:
-        if anchor is None:
-            return
-        if anchor in anchors or anchor in open_anchors:
-            raise _fail(f"YAML syntax error: anchor &{anchor} is defined twice", path, _line(event))
-        anchors[anchor] = (node, size, height)
-
-    for event in yaml.parse(text, Loader=_PARSER):
-        if isinstance(event, ev.DocumentStartEvent):
-            documents += 1
-            if documents > 1:
-                raise _fail("a scenario file holds one YAML document; this is a second one", path,
-                            _line(event))
-        elif isinstance(event, ev.AliasEvent):
-            name = event.anchor
-            if name in open_anchors:
-                raise _fail(f"recursive alias *{name}: it refers to the node it is part of "
-                            f"(anchor &{name} at line {open_anchors[name]})", path, _line(event))
-            if name not in anchors:
-                raise _fail(f"YAML syntax error: alias *{name} has no anchor &{name} before it",
-                            path, _line(event))
-            node, size, height = anchors[name]
-            if len(stack) + height > MAX_DEPTH:
-                raise _fail(f"alias *{name} nests the file deeper than the maximum of {MAX_DEPTH} "
-                            "levels", path, _line(event))
-            count(size, event, alias=name)
-            attach(node, size, height)
-        elif isinstance(event, ev.ScalarEvent):
-            tag = event.tag
-            if tag is None or tag == "!":
-                tag = resolver.resolve(ScalarNode, event.value, event.implicit)
-            if tag == _INT and len(event.value) > MAX_INT_DIGITS:
-                raise _fail(f"integer of {len(event.value)} characters is above the maximum of "
-                            f"{MAX_INT_DIGITS} digits", path, _line(event), _fmt(child_loc()))
-            node = ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)
-            count(1, event)
-            register(event.anchor, node, 1, 1, event)
-            attach(node, 1, 1)
-        elif isinstance(event, (ev.SequenceStartEvent, ev.MappingStartEvent)):
-            is_map = isinstance(event, ev.MappingStartEvent)
-            kind = MappingNode if is_map else SequenceNode
-            tag = event.tag
-            if tag is None or tag == "!":
-                tag = resolver.resolve(kind, None, event.implicit)
-            node = kind(tag, [], event.start_mark, None, flow_style=event.flow_style)
-            if len(stack) + 1 > MAX_DEPTH:
-                raise _fail(f"the file nests deeper than the maximum of {MAX_DEPTH} levels", path,
-                            _line(event))
-            count(1, event)
-            loc = child_loc()
-            if event.anchor is not None:
-                if event.anchor in anchors or event.anchor in open_anchors:
-                    raise _fail(f"YAML syntax error: anchor &{event.anchor} is defined twice", path,
-                                _line(event))
-                open_anchors[event.anchor] = _line(event)
-            stack.append(_Open(node, event.anchor, loc))
-        elif isinstance(event, (ev.SequenceEndEvent, ev.MappingEndEvent)):
-            top = stack.pop()
-            top.node.value = top.items
-            top.node.end_mark = event.end_mark
-            if isinstance(top.node, MappingNode):
-                duplicates.extend(_duplicate_keys(top.node, top.loc))
-            if top.anchor is not None:
-                del open_anchors[top.anchor]
-                anchors[top.anchor] = (top.node, top.size, top.height)
-            attach(top.node, top.size, top.height)
-    return root, duplicates, total
+    def _check_new_anchor(self, anchor: str, event: ev.Event) -> None:
+        if anchor in self.anchors or anchor in self.open_anchors:
+            raise _fail(f"YAML syntax error: anchor &{anchor} is defined twice", self.path, _line(event))
 
 
 def _duplicate_keys(node: MappingNode, loc: Loc) -> list[tuple[Loc, int, str]]:

@@ -9,7 +9,8 @@ it cannot drift from the code); :mod:`tests.engine.npu_wheel` reads what a relea
 * the native hooks: ``npu.py``'s ``native_attention()``, ``native_paged_attention()``: the slots
   each returns (in order), bound by the setter that :mod:`harness.session` calls with them to the
   slots of an ops module (``_native.functional``, ``_native["op"]``), and every keyword that
-  ops module passes through each slot (explicit, or from a ``dict(...)``/``{...}`` it spreads);
+  ops module passes through each slot (explicit, or from a ``dict(...)``/``{...}`` or a
+  ``FiaKeywords.as_kwargs()`` it spreads);
 * the keywords every ``engine.<name>(...)`` call in ``harness/`` passes, where ``npu.py`` binds
   ``<name>`` to a ``torch.npu`` callable.
 """
@@ -26,6 +27,7 @@ HARNESS = ROOT / "harness"
 NPU_MODULE = HARNESS / "engine" / "npu.py"
 OPS_DIR = HARNESS / "ops"
 SESSION = HARNESS / "session.py"
+SIGNATURE = OPS_DIR / "signature.py"
 
 
 @dataclass(frozen=True)
@@ -207,9 +209,22 @@ def _spread_keys(name: str, function: ast.FunctionDef) -> set[str] | None:
             for value in ast.walk(node.value):
                 if isinstance(value, ast.Call) and _chain(value.func) == "dict":
                     keys.update(kw.arg for kw in value.keywords if kw.arg)
+                elif isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) \
+                        and value.func.attr == "as_kwargs":
+                    keys |= _fia_keywords()  # FiaKeywords.as_kwargs(): every field, some changed
+                    keys.update(kw.arg for kw in value.keywords if kw.arg)
                 elif isinstance(value, ast.Dict):
                     keys.update(k.value for k in value.keys if isinstance(k, ast.Constant))
     return keys
+
+
+def _fia_keywords() -> set[str]:
+    """The fields of ``harness.ops.signature.FiaKeywords``: the one definition of FIA's keywords,
+    which its ``as_kwargs()`` spreads into every call of the op."""
+    for node in ast.walk(_parse(SIGNATURE)):
+        if isinstance(node, ast.ClassDef) and node.name == "FiaKeywords":
+            return {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    raise AssertionError(f"{SIGNATURE} defines no FiaKeywords")
 
 
 def _ops_module_uses(path: Path, setter: str, targets: list[str | None], uses: HarnessUses) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import textwrap
 
 import pytest
@@ -20,6 +19,7 @@ from harness.features import (
     size_constraints,
     world_size,
 )
+from harness.collection import collect_points
 from harness.features.layout import axis_sizes, coordinates, runs_reference
 from harness.graph.capture_sizes import EngineRefusal, compose_constraints
 from harness.graph.scheduler import RequestPlan
@@ -106,9 +106,40 @@ def test_cp_is_not_modelled_together_with_sp():
     assert cp.unsupported({"features": {"sp": {"tp": 1}}}) is None
 
 
+def test_each_feature_names_itself_in_reports_and_colours_its_ledger_column():
+    from harness.features import feature_label, ledger_colours
+
+    assert feature_label({"sp": {"tp": 2}, "dp": {"size": 2}, "mtp": {"k": 1}, "cp": {"size": 1}}) == "dp2+sp2+mtp1"
+    assert feature_label({"sp": {"tp": 1}, "mtp": {"k": 0}}) == feature_label({}) == "base"
+    assert set(ledger_colours()) >= {"sp", "dp", "spec", "cp"}  # MTP's drafts are the ledger's "spec"
+
+
+def test_a_feature_says_whether_non_full_batches_pad_their_requests():
+    """vLLM Ascend pads the requests of a non-FULL batch with SP, and never with CP (DCP)."""
+    from harness.graph.modes import CUDAGraphMode
+    from harness.graph.plan import PlannerConfig, StepPlanner
+
+    def pads(settings):
+        config = PlannerConfig(CUDAGraphMode.PIECEWISE, (2, 4), 4, 1, 16, 8)
+        return StepPlanner(config, active_features(settings, {})).pads_without_full
+
+    assert pads({"sp": {"tp": 2}}) and not pads({"sp": {"tp": 2}, "cp": {"size": 2}}) and not pads({"dp": {"size": 2}})
+
+
+def test_sp_refuses_a_model_its_ranks_cannot_split_at_the_field_to_change():
+    from harness.model.config import ModelConfig
+
+    sp = SequenceParallel({"tp": 4}, {})
+    field, message = sp.model_problem(ModelConfig(num_heads=6, num_kv_heads=2, hidden_size=64, head_dim=16))
+    assert field == "model.num_heads" and message.endswith("with features.sp.tp=4")
+    assert sp.model_problem(ModelConfig(num_heads=4, num_kv_heads=4, hidden_size=64, head_dim=16)) is None
+
+
 # -- a feature from another package ---------------------------------------------------------------
 
 PLUGIN = '''
+from pathlib import Path
+
 from pydantic import Field
 
 from harness.features import FeatureSettings, FixSwitch, RankAxisFeature, SizeConstraint
@@ -119,7 +150,9 @@ class EPSettings(FeatureSettings):
 
 
 class ExpertParallel(RankAxisFeature):
-    """Expert parallel: tokens are dispatched to experts all-to-all, so T is a multiple of ep."""
+    """Expert parallel: tokens are dispatched to experts all-to-all, so T is a multiple of ep;
+    each rank holds its share of the experts (here: of the MLP columns and the heads), and the
+    ranks' partial sums are all-reduced."""
 
     name = "ep"
     Settings = EPSettings
@@ -127,12 +160,34 @@ class ExpertParallel(RankAxisFeature):
     marker = "expert parallel (size > 1)"
     axis = "ep"
     ledger = "ep"
+    ledger_colour = "#54a24b"
+
+    @classmethod
+    def label(cls, settings):
+        size = settings.get("size", 1)
+        return f"ep{size}" if isinstance(size, int) and size > 1 else None
 
     def size_constraints(self):
         return [SizeConstraint(self.size, "keep", f"expert parallel with ep={self.size}")]
 
     def token_multiple(self):
         return self.size
+
+    def model_problem(self, config):
+        if config.num_kv_heads % self.size:
+            return "model.num_kv_heads", f"{config.num_kv_heads} KV heads cannot be split over ep={self.size} ranks"
+        return None
+
+    def rank_model(self, model, ctx):
+        from harness.model import DecoderLM
+        from harness.model.parallel import ParallelContext
+
+        axis = ctx.axis("ep")
+        shard = DecoderLM(model.config, ParallelContext(axis.size, axis.rank, axis.group)).place(model.device)
+        # what the test reads back: the model this rank ran
+        Path(__file__).with_name(f"ep_shard_rank{ctx.rank}.txt").write_text(
+            f"{shard.local_num_heads}/{model.local_num_heads} heads")
+        return shard
 
     def before_forward(self, shape, ctx, step):
         axis = ctx.axis("ep")  # the harness gave this rank its coordinates and its group
@@ -141,27 +196,36 @@ class ExpertParallel(RankAxisFeature):
 '''
 
 
-@pytest.fixture
-def expert_parallel(tmp_path, monkeypatch):
-    """Install ``ep`` from a temporary entry point (a package outside this repository)."""
-    (tmp_path / "ep_feature.py").write_text(textwrap.dedent(PLUGIN))
-    dist = tmp_path / "ep_feature-0.1.dist-info"
+@pytest.fixture(scope="session")
+def ep_package(tmp_path_factory):
+    """The plugin's directory, one per session: warm rank workers keep the module they imported
+    (and its ``__file__``) from one run to the next."""
+    root = tmp_path_factory.mktemp("ep_package")
+    (root / "ep_feature.py").write_text(textwrap.dedent(PLUGIN))
+    dist = root / "ep_feature-0.1.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-feature\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nep = ep_feature:ExpertParallel\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield registry()["ep"]
-    sys.modules.pop("ep_feature", None)
+    return root
 
 
-def _ep_point(tmp_path, fix_on: bool):
+@pytest.fixture
+def expert_parallel(ep_package, monkeypatch):
+    """Install ``ep`` from a temporary entry point (a package outside this repository). The
+    module stays imported after the test (the registry's scan for this ``sys.path`` holds its
+    classes); without the entry point on ``sys.path`` no scan finds it."""
+    monkeypatch.syspath_prepend(str(ep_package))
+    return registry()["ep"]
+
+
+def _ep_point(tmp_path, fix_on: bool, mode: str = "NONE"):
     from harness.scenario import load_scenario_file
 
     path = tmp_path / "ep.yaml"
     path.write_text(textwrap.dedent(f"""
         name: ep_{'fixed' if fix_on else 'no_padding'}
         model: {{kind: random, layers: 1}}
-        graph: {{mode: NONE, capture_sizes: [1, 2, 3, 4]}}
+        graph: {{mode: {mode}, capture_sizes: [1, 2, 3, 4]}}
         features: {{ep: {{size: 2}}}}
         fixes: {{ep_padding: {'true' if fix_on else 'false'}}}
         steps: 3
@@ -193,10 +257,17 @@ def test_an_outside_feature_declares_everything_and_needs_no_harness_change(expe
     with pytest.raises(ScenarioError, match="ep_pading"):
         load_scenario_text("workload: {requests: [{prompt_len: 2, output_len: 2}]}\nfixes: {ep_pading: false}\n",
                            path="typo.yaml")
+    # a model it cannot split is a bad file, at the field to change (collection's preflight)
+    bad = tmp_path / "ep_bad_model.yaml"
+    bad.write_text((tmp_path / "ep.yaml").read_text().replace(
+        "model: {kind: random, layers: 1}", "model: {kind: random, layers: 1, num_heads: 3, num_kv_heads: 3}"))
+    with pytest.raises(ScenarioError, match=r"ep_bad_model.yaml:3: model.num_kv_heads: 3 KV heads cannot be split"):
+        collect_points(bad)
 
 
-def test_an_outside_features_known_bad_scenario_fails_exactly_its_check(expert_parallel, tmp_path):
-    """Two real ranks along the plugin's axis; fix off: exactly fia_invariant; fix on: passes."""
+def test_an_outside_features_known_bad_scenario_fails_exactly_its_check(expert_parallel, ep_package, tmp_path):
+    """Two real ranks along the plugin's axis; fix off: exactly fia_invariant; fix on: passes.
+    Each rank runs the plugin's shard of the model, checked against the unsplit reference."""
     from harness.session import PASSED, XFAILED, run_point
 
     bad = run_point(_ep_point(tmp_path, fix_on=False), backend="emulated")
@@ -204,3 +275,35 @@ def test_an_outside_features_known_bad_scenario_fails_exactly_its_check(expert_p
     assert bad.failed_checks == ["fia_invariant"]
     good = run_point(_ep_point(tmp_path, fix_on=True), backend="emulated")
     assert good.outcome == PASSED, good.verdict
+    assert _shards(ep_package) == ["2/4 heads", "2/4 heads"]  # the model each rank ran: half the heads
+
+
+def _shards(ep_package) -> list[str]:
+    """What the plugin's ``rank_model`` wrote on each rank (and clears it for the next run)."""
+    out = []
+    for rank in (0, 1):
+        marker = ep_package / f"ep_shard_rank{rank}.txt"
+        out.append(marker.read_text() if marker.exists() else "")
+        marker.unlink(missing_ok=True)
+    return out
+
+
+def test_an_outside_feature_shards_the_model_in_captured_graphs_and_names_itself_in_reports(expert_parallel,
+                                                                                          ep_package, tmp_path):
+    """FULL graphs captured and replayed on each rank's shard (its all-reduces inside them), equal
+    to the unsplit reference; the report labels the item by the plugin's label and draws its
+    padding-ledger column in the plugin's colour."""
+    from harness.report.html import render_item
+    from harness.report.results import item_record
+    from harness.report.view import feature_label
+    from harness.session import PASSED, run_point
+
+    result = run_point(_ep_point(tmp_path, fix_on=True, mode="FULL"), backend="emulated")
+    assert result.outcome == PASSED, result.verdict
+    assert result.checks["equality"].evaluated and result.record.graphs_captured
+    assert _shards(ep_package) == ["2/4 heads", "2/4 heads"]
+    assert feature_label(result.scenario) == "ep2"
+    eager = run_point(_ep_point(tmp_path, fix_on=True), backend="emulated")  # EP pads eager steps itself
+    html = render_item(item_record(eager, {"torch": "x"}, evidence="all"), draw_charts=True)
+    assert "features <b>ep2</b>" in html
+    assert any("ep" in step.ledger for step in eager.record.steps) and "#54a24b" in html

@@ -206,3 +206,29 @@ def test_native_impl_receives_torch_npu_keywords(batch) -> None:
     assert calls[0][1]["actual_seq_lengths"] == b.cum_q
     assert calls[0][1]["num_key_value_heads"] == b.num_kv_heads
     assert get_native_impl() == (None, None, None)
+
+
+# -- one definition of the keywords ---------------------------------------------------------------
+
+
+def test_the_fia_keywords_are_written_once_and_every_definition_reads_them():
+    """The ops' schemas, rendered from ``FiaKeywords``, are torch_npu's (unchanged since they
+    were written out by hand); the wrappers show and check the same keywords."""
+    import inspect
+
+    from harness.ops.signature import FIA_KEYWORD_NAMES
+
+    assert str(OP.default._schema) == (
+        "harness::npu_fused_infer_attention_score(Tensor query, Tensor key, Tensor value, *, "
+        "SymInt[]? actual_seq_lengths=None, SymInt[]? actual_seq_lengths_kv=None, Tensor? block_table=None, "
+        "int block_size=0, int num_heads=1, int num_key_value_heads=0, float scale=1., "
+        "str input_layout=\"TND\", int sparse_mode=0, Tensor? atten_mask=None, bool softmax_lse_flag=False) "
+        "-> (Tensor, Tensor)")
+    out_keywords = [a.name for a in OP.out._schema.arguments if a.kwarg_only]
+    assert out_keywords == [*FIA_KEYWORD_NAMES, "workspace", "attention_out", "softmax_lse"]
+    for wrapper, own in ((fia, ["contract"]), (fia_out, ["workspace", "out", "contract"])):
+        keywords = [p.name for p in inspect.signature(wrapper).parameters.values() if p.kind is p.KEYWORD_ONLY]
+        assert keywords == [*FIA_KEYWORD_NAMES, *own]
+    q, k, v = (torch.zeros(1, 1, 1),) * 3
+    with pytest.raises(TypeError, match=r"^npu_fused_infer_attention_score\(\) got an unexpected keyword argument 'actual_seq_len'$"):
+        fia(q, k, v, actual_seq_len=[1])

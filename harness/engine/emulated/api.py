@@ -8,11 +8,14 @@ one :class:`EmulatedDevice`. A few extra names (``stream_usage``, ``memory_repor
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from typing import Any, ContextManager, Iterator, TypeVar
+
+import torch
 
 from .. import EMULATED_DEVICE_NAME
 from ..errors import TaskUpdateError
-from ..protocol import CAPABILITIES, DeviceRules, StreamConfig
+from ..protocol import (CAPABILITIES, CollectiveOps, DeviceGraph, DeviceRules, DeviceStream, GraphPool, StreamConfig,
+                        StreamUsage, TaskGroup)
 from . import tensors
 from .device import EmulatedDevice
 from .graph import NPUGraph as _NPUGraph
@@ -23,6 +26,7 @@ from .recorder import register_observed_op, register_updatable_op
 from .streams import Event as _Event
 from .streams import ExternalEvent
 from .streams import Stream as _Stream
+from .streams import own
 
 name = "emulated"
 device = tensors.install()  # torch.device("npu", 0): the emulated NPU's own memory (.tensors)
@@ -32,6 +36,15 @@ capabilities = CAPABILITIES[name]
 _device = EmulatedDevice()
 tensors.attach(_device)
 _updates: dict[int, TaskUpdateMode] = {}  # stream id -> update in progress
+_T = TypeVar("_T")
+
+
+def _mine(value: object, kind: type[_T], what: str) -> _T:
+    """``value`` as this device's own ``kind``: the engine seam hands graphs and handles out
+    under protocol types, and one from another engine is refused by name."""
+    if isinstance(value, kind):
+        return value
+    raise TypeError(f"{value!r} is not {what} of the emulated device")
 
 
 def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules | None = None) -> None:
@@ -47,11 +60,11 @@ def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules |
     rng.REGISTRATION = _device.rules.generator_registration  # type: ignore[assignment]
 
 
-def stream_usage() -> dict[str, Any]:
+def stream_usage() -> StreamUsage:
     return _device.budget.usage()
 
 
-def memory_report() -> dict[str, Any]:
+def memory_report() -> dict[str, dict[str, object]]:
     return _device.pools.report()
 
 
@@ -70,12 +83,12 @@ def native_paged_attention() -> None:
     """None: the harness's reference paged attention is this device's."""
 
 
-def collective_ops() -> Any:
+def collective_ops() -> CollectiveOps:
     """The ranks of a host exchange through shared memory (.collectives), not gloo's loopback TCP."""
     return collectives.OPS
 
 
-def weak_ref_tensor(tensor: Any) -> Any:
+def weak_ref_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A tensor on the same device memory that does not keep it allocated (vLLM's
     ``weak_ref_tensors``): a graph pool may hand the block to a later capture once every other
     holder is gone."""
@@ -92,32 +105,36 @@ def NPUGraph(*, allow_rng: bool | None = None) -> _NPUGraph:  # noqa: N802 - tor
     return _NPUGraph(_device, allow_rng=_device.rules.rng_in_capture if allow_rng is None else allow_rng)
 
 
-def graph(npu_graph: _NPUGraph, pool: PoolHandle | None = None, stream: _Stream | None = None,
-          auto_dispatch_capture: bool = False, capture_error_mode: str = "global"):
-    return graph_context(_device, npu_graph, pool, stream, auto_dispatch_capture, capture_error_mode)
+def graph(npu_graph: DeviceGraph, pool: GraphPool | None = None, stream: DeviceStream | None = None,
+          auto_dispatch_capture: bool = False, capture_error_mode: str = "global") -> ContextManager[_NPUGraph]:
+    return graph_context(_device, _mine(npu_graph, _NPUGraph, "a graph"),
+                         None if pool is None else _mine(pool, PoolHandle, "a graph pool"),
+                         None if stream is None else own(stream), auto_dispatch_capture, capture_error_mode)
 
 
 def graph_pool_handle() -> PoolHandle:
     return _device.pools.new_handle()
 
 
-def graph_task_group_begin(stream: _Stream) -> None:
-    task_group_begin(_device, stream)
+def graph_task_group_begin(stream: DeviceStream) -> None:
+    task_group_begin(_device, own(stream))
 
 
-def graph_task_group_end(stream: _Stream) -> TaskGroupHandle:
-    return task_group_end(_device, stream)
+def graph_task_group_end(stream: DeviceStream) -> TaskGroupHandle:
+    return task_group_end(_device, own(stream))
 
 
-def graph_task_update_begin(stream: _Stream, handle: TaskGroupHandle) -> None:
+def graph_task_update_begin(stream: DeviceStream, handle: TaskGroup) -> None:
+    stream = own(stream)
     if stream.id in _updates:
         raise TaskUpdateError(f"graph_task_update_begin on {stream}: an update is already in progress")
-    mode = TaskUpdateMode(handle, stream)
+    mode = TaskUpdateMode(_mine(handle, TaskGroupHandle, "a task group"), stream)
     mode.__enter__()
     _updates[stream.id] = mode
 
 
-def graph_task_update_end(stream: _Stream) -> None:
+def graph_task_update_end(stream: DeviceStream) -> None:
+    stream = own(stream)
     mode = _updates.pop(stream.id, None)
     if mode is None:
         raise TaskUpdateError(f"graph_task_update_end on {stream} without graph_task_update_begin")
@@ -136,11 +153,11 @@ def initial_seed() -> int:
     return rng.initial_seed()
 
 
-def get_rng_state(device: Any = "npu"):
+def get_rng_state(device: str | torch.device = "npu") -> torch.Tensor:
     return rng.get_rng_state(_device.capturing)
 
 
-def set_rng_state(new_state, device: Any = "npu") -> None:
+def set_rng_state(new_state: torch.Tensor, device: str | torch.device = "npu") -> None:
     rng.set_rng_state(_device.capturing, new_state)
 
 
@@ -161,10 +178,10 @@ def current_stream() -> _Stream:
 
 
 @contextlib.contextmanager
-def stream(s: _Stream | None) -> Iterator[None]:
+def stream(s: DeviceStream | None) -> Iterator[None]:
     previous = _device.current_stream
     if s is not None:
-        _device.current_stream = s
+        _device.current_stream = own(s)
     try:
         yield
     finally:
@@ -180,15 +197,19 @@ __all__ = [
     "graph_task_group_begin", "graph_task_group_end", "graph_task_update_begin",
     "graph_task_update_end", "register_observed_op", "register_updatable_op", "stream", "synchronize",
     "manual_seed", "initial_seed", "get_rng_state", "set_rng_state", "weak_ref_tensor",
+    # the rest of the Engine protocol (harness.engine.protocol) and the emulator's own read-outs:
+    "name", "capabilities", "reset_device", "stream_usage", "memory_report", "device_name", "native_attention",
+    "native_paged_attention", "collective_ops", "executed_host_arguments",
 ]
 
 
-def executed_host_arguments(npu_graph: _NPUGraph, op_name: str, names: tuple[str, ...],
+def executed_host_arguments(npu_graph: DeviceGraph, op_name: str, names: tuple[str, ...],
                             replay: int | None = None) -> list[dict[str, Any]]:
     """The host arguments each ``op_name`` task-group op ran with in replay number ``replay``
     (default: the graph's latest), in capture order; empty if that replay has not run yet.
 
     What the checks compare with the live batch to detect stale host parameters: an update
     issued after the replay ran cannot change it."""
+    npu_graph = _mine(npu_graph, _NPUGraph, "a graph")
     ran = npu_graph.executed.get(npu_graph.replays if replay is None else replay, [])
     return [{name: entry.get(name) for name in names} for entry in ran if entry["op"] == op_name]

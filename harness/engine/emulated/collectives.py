@@ -50,7 +50,7 @@ import struct
 import sys
 import time
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -189,7 +189,8 @@ class SharedMemoryGroup:
             deadline = _deadline(WAIT_SLICE_S)
 
     def _pid(self, rank: int) -> int:
-        return struct.unpack_from("<q", self._mm, _PIDS_OFFSET + 8 * rank)[0]
+        pid: int = struct.unpack_from("<q", self._mm, _PIDS_OFFSET + 8 * rank)[0]
+        return pid
 
     def _dead_members(self) -> list[int]:
         return [r for r in range(self.size) if r != self.rank and self._pid(r) and not _pid_alive(self._pid(r))]
@@ -279,7 +280,7 @@ def _group(group_name: str, nbytes: int) -> SharedMemoryGroup | None:
     if group is None:
         import torch.distributed.distributed_c10d as c10d
 
-        pg = c10d._resolve_process_group(group_name)  # as the _c10d_functional ops resolve it
+        pg = c10d._resolve_process_group(cast("c10d.GroupName", group_name))  # as the _c10d_functional ops resolve it
         path = os.path.join(run_dir, "comm-" + "".join(c if c.isalnum() else "_" for c in group_name))
         group = _groups[group_name] = SharedMemoryGroup(group_name, path, pg.rank(), pg.size())
     return group
@@ -328,7 +329,7 @@ def _all_gather_out(input: Tensor, group_size: int, group_name: str, *, out: Ten
     data = input.contiguous()
     group = _group(group_name, data.numel() * data.element_size())
     if group is None:
-        return _c10d.wait_tensor(_c10d.all_gather_into_tensor_out(input, group_size, group_name, out=out))
+        return cast(Tensor, _c10d.wait_tensor(_c10d.all_gather_into_tensor_out(input, group_size, group_name, out=out)))
     _check_group_size(group, group_size)
     if out.numel() != group_size * data.numel() or out.dtype != data.dtype:
         raise ValueError(f"all_gather_into_tensor_out: out {tuple(out.shape)} {out.dtype} cannot hold "
@@ -349,7 +350,7 @@ def _reduce_scatter_out(input: Tensor, reduce_op: str, group_size: int, group_na
     data = input.contiguous()
     group = _group(group_name, data.numel() * data.element_size())
     if group is None:
-        return _c10d.wait_tensor(_c10d.reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out=out))
+        return cast(Tensor, _c10d.wait_tensor(_c10d.reduce_scatter_tensor_out(input, reduce_op, group_size, group_name, out=out)))
     _check_group_size(group, group_size)
     if data.shape[0] % group_size or out.numel() * group_size != data.numel():
         raise ValueError(f"reduce_scatter_tensor_out: {tuple(data.shape)} does not split into {group_size} "
@@ -366,7 +367,7 @@ def _all_reduce_(input: Tensor, reduce_op: str, group_name: str) -> Tensor:
     data = input.contiguous()
     group = _group(group_name, data.numel() * data.element_size())
     if group is None:
-        return _c10d.wait_tensor(_c10d.all_reduce_(input, reduce_op, group_name))
+        return cast(Tensor, _c10d.wait_tensor(_c10d.all_reduce_(input, reduce_op, group_name)))
     _reduce(group.exchange("all_reduce", data), reduce_op, input)  # the rows are copies: input may take it
     return input
 

@@ -7,12 +7,15 @@ One :class:`EmulatedDevice` stands for one NPU. The torch.npu-shaped functions i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
+from typing import TYPE_CHECKING
 
 from ..errors import StreamBudgetError
-from ..protocol import DeviceRules, StreamConfig
+from ..protocol import DeviceRules, StreamConfig, StreamUsage
 from .pool import PoolRegistry
 from .streams import Scheduler, Stream
+
+if TYPE_CHECKING:  # the recorder imports the device's modules
+    from .recorder import Capture
 
 #: Namespaces whose ops are collectives: each communication group a graph uses needs streams.
 #: ``harness_comm``: the emulator's own shared-memory collectives (.collectives).
@@ -43,7 +46,7 @@ class StreamBudget:
     def release(self, graph: str) -> None:
         self._in_use -= self.held.pop(graph, 0)
 
-    def usage(self) -> dict[str, object]:
+    def usage(self) -> StreamUsage:
         return {
             "pool_size": self.config.pool_size,
             "in_use": self.in_use,
@@ -61,7 +64,7 @@ class EmulatedDevice:
         self.current_stream = self.default_stream
         self.pools = PoolRegistry()
         self.budget = StreamBudget(stream_config or StreamConfig())
-        self.capturing = None  # the Capture in progress, if any
+        self.capturing: Capture | None = None  # the capture in progress, if any
         self.graph_count = 0
         # What ran on the device (for an item's record: "it ran on the host" must never pass)
         self.kernels = 0  # device operations run eagerly

@@ -20,17 +20,21 @@ are read into lists, since the emulator keeps host lists, not tensors, in its ta
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from .streams import ExternalEvent, Stream
 
-_events: "weakref.WeakKeyDictionary[Any, dict[int, ExternalEvent]]" = weakref.WeakKeyDictionary()
-_update_streams: "weakref.WeakKeyDictionary[Any, Stream]" = weakref.WeakKeyDictionary()
+if TYPE_CHECKING:  # the device and the recorder import this module's callers
+    from .device import EmulatedDevice
+    from .recorder import Capture
+
+_events: "weakref.WeakKeyDictionary[Capture, dict[int, ExternalEvent]]" = weakref.WeakKeyDictionary()
+_update_streams: "weakref.WeakKeyDictionary[EmulatedDevice, Stream]" = weakref.WeakKeyDictionary()
 
 
-def guard_with_event(capture: Any, group: int) -> None:
+def guard_with_event(capture: Capture, group: int) -> None:
     """Before a dispatched op: the event wait and reset torch_npu's dispatch mode captures."""
     event = ExternalEvent()
     capture.add_event_node("wait", event)
@@ -38,7 +42,7 @@ def guard_with_event(capture: Any, group: int) -> None:
     _events.setdefault(capture, {})[group] = event
 
 
-def update_stream(device: Any) -> Stream:
+def update_stream(device: EmulatedDevice) -> Stream:
     """The one update stream of the process (here: of the emulated device), made on first use."""
     stream = _update_streams.get(device)
     if stream is None:
@@ -63,7 +67,7 @@ def host_value(func: torch._ops.OpOverload, name: str, value: Any) -> Any:
     return value
 
 
-def launch_update(device: Any, capture: Any, apply: Callable[[], None]) -> None:
+def launch_update(device: EmulatedDevice, capture: Capture, apply: Callable[[], None]) -> None:
     """Apply the new host values on the update stream, then release every dispatched op's event."""
     stream = update_stream(device)
     stream.launch_host_fn("auto-dispatch update", apply)

@@ -14,8 +14,8 @@ from .device import COMM_NAMESPACES, EmulatedDevice
 from . import dispatch_mode, rng
 from .pool import PoolHandle
 from . import tensors
-from .opinfo import frozen
-from .recorder import Capture, CaptureMode, EmulatorDispatchMode, OpNode, replay_steps
+from .opinfo import OpArgs, OpKwargs, frozen
+from .recorder import Capture, CaptureMode, EmulatorDispatchMode, Node, OpNode, replay_steps
 from .streams import Stream
 
 _CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
@@ -37,7 +37,7 @@ class TaskGroupHandle:
         return [capture.nodes[i] for i in capture.groups[self.group]]  # type: ignore[misc]
 
 
-def bound_arguments(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict[str, Any]:
+def bound_arguments(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -> dict[str, Any]:
     names = [a.name for a in func._schema.arguments]
     bound = dict(zip(names, args))
     bound.update(kwargs)
@@ -159,7 +159,7 @@ class NPUGraph:
         return self._pool
 
     @property
-    def nodes(self) -> list:
+    def nodes(self) -> list[Node]:
         """The recorded tape (for reports and tests)."""
         return list(self._capture.nodes) if self._capture else []
 
@@ -193,6 +193,7 @@ class NPUGraph:
         for position, (indices, values) in enumerate(zip(groups, cpu_update_input)):
             for index in indices:
                 node = capture.nodes[index]
+                assert isinstance(node, OpNode)  # a task group holds the ops captured in it
                 for name, value in values.items():
                     value = dispatch_mode.host_value(node.func, name, value)
                     if isinstance(value, torch.Tensor):
@@ -222,16 +223,17 @@ def _communication_groups(capture: Capture) -> set[str]:
 
 # -- task groups ------------------------------------------------------------------------------
 def task_group_begin(device: EmulatedDevice, stream: Stream) -> None:
-    if stream.capture is None:
+    if not isinstance(stream.capture, Capture):
         raise CaptureError("graph_task_group_begin outside a capture")
     stream.capture.begin_group()
 
 
 def task_group_end(device: EmulatedDevice, stream: Stream) -> TaskGroupHandle:
     capture = stream.capture
-    if capture is None:
+    if not isinstance(capture, Capture):
         raise CaptureError("graph_task_group_end outside a capture")
     group = capture.end_group()
+    assert capture.owner is not None  # set by the graph's capture_begin
     return TaskGroupHandle(capture.owner, group)
 
 
@@ -246,9 +248,10 @@ class TaskUpdateMode(EmulatorDispatchMode):
         super().__init__()
         self.handle, self.stream = handle, stream
         self.expected = handle.nodes()
-        self.changes: list[tuple[OpNode, tuple, dict]] = []
+        self.changes: list[tuple[OpNode, OpArgs, OpKwargs]] = []
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: object, args: OpArgs = (),
+                           kwargs: OpKwargs | None = None) -> Any:
         kwargs = kwargs or {}
         if len(self.changes) >= len(self.expected):
             raise TaskUpdateError(

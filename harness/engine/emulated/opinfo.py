@@ -17,6 +17,10 @@ from torch.utils._pytree import tree_map
 
 from .pool import nbytes_for
 
+#: An op's positional and keyword arguments as the dispatcher hands them over: any schema's values.
+OpArgs = tuple[Any, ...]
+OpKwargs = dict[str, Any]
+
 BOOL_INDEX_OPS = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
 
 #: Pure allocations launch no kernel on a device: a replay must leave their memory alone.
@@ -40,7 +44,7 @@ _KEPT = frozenset({*_IMMUTABLE, torch.Tensor, torch.nn.Parameter, torch.Size})
 _SCALARS = frozenset({int, float, bool})
 
 
-def _flat_scalars(value: list | tuple) -> bool:
+def _flat_scalars(value: list[Any] | OpArgs) -> bool:
     return set(map(type, value)) <= _SCALARS
 
 
@@ -60,7 +64,7 @@ def frozen(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def frozen_args(args: tuple) -> tuple:
+def frozen_args(args: OpArgs) -> OpArgs:
     """:func:`_frozen` for a positional-argument tuple, which is most often tensors and ints."""
     for value in args:
         if type(value) not in _KEPT:
@@ -184,7 +188,7 @@ def op_info(func: torch._ops.OpOverload) -> OpInfo:
     return info
 
 
-def infer_outputs(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+def infer_outputs(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -> Any:
     """The outputs' shapes, strides and dtypes (as :class:`TensorSpec` in the result's structure).
 
     Memoized per signature. On a miss an aten op runs once on its arguments and its values are
@@ -208,7 +212,7 @@ def infer_outputs(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any
     return spec
 
 
-def _collective_shape(func: torch._ops.OpOverload, args: tuple) -> Any:
+def _collective_shape(func: torch._ops.OpOverload, args: OpArgs) -> Any:
     """Outputs of the functional collectives whose rule is plain, without their meta kernels.
 
     Those kernels are Python references that import sympy (about 1 s) in every fresh rank.
@@ -222,7 +226,7 @@ def _collective_shape(func: torch._ops.OpOverload, args: tuple) -> Any:
     return None
 
 
-def _run_for_shapes(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+def _run_for_shapes(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -> Any:
     if func.namespace == "_c10d_functional" and not kwargs:
         shaped = _collective_shape(func, args)
         if shaped is not None:
@@ -239,7 +243,7 @@ def _run_for_shapes(func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> A
 
 
 
-def has_bool_index(args: tuple) -> bool:
+def has_bool_index(args: OpArgs) -> bool:
     return any(t.dtype in (torch.bool, torch.uint8) for t in tensors_in(args[1:]))
 
 

@@ -20,6 +20,7 @@ import functools
 import itertools
 import weakref
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -101,7 +102,7 @@ class MemoryPool:
     def bytes_reserved(self) -> int:
         return sum(b.nbytes for b in self.blocks)
 
-    def allocate(self, size, stride, dtype: torch.dtype, graph: str,
+    def allocate(self, size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, graph: str,
                  nbytes: int | None = None) -> tuple[torch.Tensor, Block]:
         """A poisoned tensor of ``size``/``stride`` on a free block of the pool or a new one.
 
@@ -174,7 +175,7 @@ class PoolRegistry:
             self.pools[handle.id] = MemoryPool(handle)
         return self.pools[handle.id]
 
-    def report(self) -> dict[str, object]:
+    def report(self) -> dict[str, dict[str, object]]:
         return {
             f"pool{p.handle.id}": {
                 "bytes_reserved": p.bytes_reserved,

@@ -30,18 +30,24 @@ does; what happens to each op:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import CAPTURE_SYNC_MESSAGE, CaptureError
 from . import dispatch_mode, rng, tensors
-from .opinfo import BOOL_INDEX_OPS, OP_INFO, OpInfo, TensorSpec, frozen, frozen_args, has_bool_index, infer_outputs, \
+from .opinfo import BOOL_INDEX_OPS, OP_INFO, OpArgs, OpInfo, OpKwargs, TensorSpec, frozen, frozen_args, has_bool_index, infer_outputs, \
     op_info, tensors_in
 from .pool import Block, MemoryPool
 from .streams import ExternalEvent, WaitFor
+
+if TYPE_CHECKING:  # the graph imports this module (and typing.Self is Python 3.11's)
+    from typing_extensions import Self
+
+    from .graph import NPUGraph
 
 NodeKind = Literal["functional", "mutating", "view", "allocation"]
 
@@ -124,7 +130,7 @@ class EventNode:
     event: ExternalEvent
 
 
-Node = OpNode | EventNode
+Node = OpNode | EventNode | rng.RngNode
 
 
 class Capture:
@@ -145,7 +151,7 @@ class Capture:
         self.groups: dict[int, list[int]] = {}
         self._open_group: int | None = None
         self.failed: CaptureError | None = None
-        self.owner: Any = None  # weak reference to the graph being captured
+        self.owner: weakref.ref[NPUGraph] | None = None  # the graph being captured
         self.kernels = 0  # device operations recorded (views and allocations launch none)
         self.host_ops = 0  # operations that ran on the host instead
         self.host_ops_named: list[str] = []
@@ -181,7 +187,7 @@ class Capture:
             self.failed = self.failed or error
         raise error
 
-    def record(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    def record(self, func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -> Any:
         info = OP_INFO.get(func) or op_info(func)
         call = tensors.unwrap_call(func, args, kwargs)
         if not call.on_device and not call.to_device:
@@ -210,7 +216,7 @@ class Capture:
             block = base._block if base is not None else None
             result = _map_tensors(func(*call.data_args, **call.data_kwargs), lambda t: tensors.wrap(t, block))
         else:
-            outputs = self._allocate(infer_outputs(func, call.data_args, call.data_kwargs))
+            outputs = self._allocate(infer_outputs(func, tuple(call.data_args), call.data_kwargs))
             node.outputs = tensors_in(outputs)
             if info.allocation:
                 node.kind = "allocation"
@@ -220,7 +226,7 @@ class Capture:
         self._add(node, info.name)
         return result
 
-    def _on_host(self, func: torch._ops.OpOverload, info: OpInfo, args: tuple, kwargs: dict) -> Any:
+    def _on_host(self, func: torch._ops.OpOverload, info: OpInfo, args: OpArgs, kwargs: OpKwargs) -> Any:
         """Host work during a capture: it runs now and is not in the graph (as on a device)."""
         self.host_ops += 1
         if not info.view and not info.allocation:
@@ -263,7 +269,7 @@ class Capture:
             self.groups[node.group].append(node.index)
         self.nodes.append(node)
 
-    def _aliased_returns(self, func: torch._ops.OpOverload, args: tuple, kwargs: dict, call: Any) -> Any:
+    def _aliased_returns(self, func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs, call: Any) -> Any:
         """What an in-place or ``out=`` op returns: the caller's own tensors (never run here)."""
         schema = func._schema
         if not schema.returns:  # e.g. FIA .out, reshape_and_cache: nothing to hand back
@@ -273,7 +279,7 @@ class Capture:
         outs = []
         for ret in schema.returns:
             if ret.alias_info is None:
-                outputs = self._allocate(infer_outputs(func, call.data_args, call.data_kwargs))
+                outputs = self._allocate(infer_outputs(func, tuple(call.data_args), call.data_kwargs))
                 return _map_tensors(outputs, lambda t: tensors.wrap(t, self._blocks_by_id.pop(id(t))))
             source = next(a for a in schema.arguments if a.alias_info and a.alias_info.before_set == ret.alias_info.before_set)
             outs.append(bound[source.name])
@@ -314,6 +320,16 @@ class EmulatorDispatchMode(TorchDispatchMode):
     emulator's modes never run under torch.compile, so they opt out.
     """
 
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's TorchDispatchMode is unannotated
+
+    def __enter__(self) -> Self:
+        super().__enter__()  # type: ignore[no-untyped-call]  # (as above)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        super().__exit__(*exc_info)  # type: ignore[no-untyped-call]  # (as above)
+
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False
@@ -326,7 +342,8 @@ class CaptureMode(EmulatorDispatchMode):
         super().__init__()
         self.capture = capture
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(self, func: torch._ops.OpOverload, types: object, args: OpArgs = (),
+                           kwargs: OpKwargs | None = None) -> Any:
         return self.capture.record(func, args, kwargs or {})
 
 

@@ -42,12 +42,17 @@ from __future__ import annotations
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import CaptureError
+from .opinfo import OpKwargs
+
+if TYPE_CHECKING:  # the capture and the graph import this module
+    from .graph import NPUGraph
+    from .recorder import Capture
 
 #: ``"lazy"`` (torch_npu master): generators register themselves on first use in a capture.
 #: ``"explicit"`` (before 42c2f77d7): a non-default generator must be registered first.
@@ -92,8 +97,8 @@ class _CaptureRng:
     slots: list[torch.Tensor | None] = field(default_factory=list)  # filled at replay
 
 
-_captures: "weakref.WeakKeyDictionary[Any, _CaptureRng]" = weakref.WeakKeyDictionary()
-_registered: "weakref.WeakKeyDictionary[Any, list[torch.Generator]]" = weakref.WeakKeyDictionary()
+_captures: "weakref.WeakKeyDictionary[Capture, _CaptureRng]" = weakref.WeakKeyDictionary()
+_registered: "weakref.WeakKeyDictionary[NPUGraph, list[torch.Generator]]" = weakref.WeakKeyDictionary()
 
 
 def _state_seed(state: torch.Tensor) -> int:
@@ -101,12 +106,12 @@ def _state_seed(state: torch.Tensor) -> int:
         return int.from_bytes(bytes(_HOST_TOLIST(state.flatten()[:8])), "little")
 
 
-def _add_node(capture: Any, label: str, action: Callable[[], None]) -> None:
+def _add_node(capture: Capture, label: str, action: Callable[[], None]) -> None:
     capture.nodes.append(RngNode(len(capture.nodes), "rng", label, action))
 
 
 # -- the torch.npu RNG functions --------------------------------------------------------------
-def manual_seed(capture: Any, seed: int) -> None:
+def manual_seed(capture: Capture | None, seed: int) -> None:
     """``torch.npu.manual_seed``: reseed (offset 0); inside a capture only the same seed, a no-op."""
     if capture is not None:
         if int(seed) != torch.initial_seed():
@@ -119,7 +124,7 @@ def initial_seed() -> int:
     return torch.initial_seed()
 
 
-def get_rng_state(capture: Any) -> torch.Tensor:
+def get_rng_state(capture: Capture | None) -> torch.Tensor:
     """``torch.npu.get_rng_state``; inside a capture, a state that names the current point of the graph."""
     with _disable_current_modes():
         state = torch.get_rng_state()
@@ -138,7 +143,7 @@ def get_rng_state(capture: Any) -> torch.Tensor:
     return state
 
 
-def set_rng_state(capture: Any, state: torch.Tensor) -> None:
+def set_rng_state(capture: Capture | None, state: torch.Tensor) -> None:
     """``torch.npu.set_rng_state``; inside a capture, rewind the graph to a state it handed out."""
     if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8:
         raise TypeError(f"set_rng_state expects a uint8 state tensor, got {type(state).__name__}")
@@ -165,7 +170,7 @@ def set_rng_state(capture: Any, state: torch.Tensor) -> None:
 
 
 # -- generators in a capture --------------------------------------------------------------------
-def register_generator_state(graph: Any, generator: torch.Generator) -> None:
+def register_generator_state(graph: NPUGraph, generator: torch.Generator) -> None:
     """``NPUGraph.register_generator_state``: a deprecated no-op under lazy registration."""
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"register_generator_state expects a torch.Generator, got {type(generator).__name__}")
@@ -174,7 +179,7 @@ def register_generator_state(graph: Any, generator: torch.Generator) -> None:
     _registered.setdefault(graph, []).append(generator)
 
 
-def random_op_generator(capture: Any, schema_name: str, kwargs: dict) -> torch.Generator | None:
+def random_op_generator(capture: Capture, schema_name: str, kwargs: OpKwargs) -> torch.Generator | None:
     """Vet a random op being captured; return the live generator the replay must draw from.
 
     Raises :class:`CaptureError` (and invalidates the capture) when random ops are not allowed
@@ -184,11 +189,12 @@ def random_op_generator(capture: Any, schema_name: str, kwargs: dict) -> torch.G
     if not capture.allow_rng:
         _fail(capture, f"{schema_name} draws random numbers inside the capture of {capture.graph_name}; a real "
                        "graph must register the generator state (pass allow_rng=True to capture it)")
-    generator = kwargs.get("generator")
+    generator: torch.Generator | None = kwargs.get("generator")
     if generator is None:
         return None
     owner = capture.owner() if capture.owner is not None else None
-    if REGISTRATION == "explicit" and not any(_same_generator(g, generator) for g in _registered.get(owner, [])):
+    registered = _registered.get(owner, []) if owner is not None else []  # (None cannot key a weak dict)
+    if REGISTRATION == "explicit" and not any(_same_generator(g, generator) for g in registered):
         _fail(capture, f"{schema_name}: {UNREGISTERED_MESSAGE}")
     return generator  # bound by reference, like a tensor: the replay advances it
 
@@ -213,7 +219,7 @@ def _same_generator(a: torch.Generator, b: torch.Generator) -> bool:
     return moved
 
 
-def _fail(capture: Any, message: str) -> None:
+def _fail(capture: Capture, message: str) -> None:
     error = CaptureError(message)
     capture.failed = capture.failed or error
     raise error

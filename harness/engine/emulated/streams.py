@@ -36,6 +36,7 @@ from typing import Callable, Iterator, Protocol
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import GraphHangError
+from ..protocol import DeviceStream
 
 _event_ids = itertools.count()
 _stream_ids = itertools.count()
@@ -187,7 +188,7 @@ class Stream:
     def launch(self, label: str, steps: Iterator[WaitFor]) -> None:
         self._scheduler.enqueue(self, label, steps)
 
-    def launch_host_fn(self, label: str, fn: Callable[[], None]) -> None:
+    def launch_host_fn(self, label: str, fn: Callable[[], object]) -> None:  # (what fn returns is dropped)
         """Issue a piece of work with no waits (an update, an event record, a queued operation):
         at once on an idle stream, else queued behind the stream's work."""
         if not self.queue and not self._scheduler.busy:
@@ -216,6 +217,14 @@ class Stream:
         marker.wait(self)
 
 
+def own(stream: DeviceStream) -> Stream:
+    """``stream`` as a stream of this device (the engine seam hands streams out as
+    :class:`~harness.engine.protocol.DeviceStream`): another engine's is refused by name."""
+    if isinstance(stream, Stream):
+        return stream
+    raise TypeError(f"{stream!r} is not a stream of the emulated device")
+
+
 @dataclass(eq=False)
 class ExternalEvent:
     """torch_npu's ``ExternalEvent``: recorded by one stream, waited on by another.
@@ -230,19 +239,22 @@ class ExternalEvent:
     def __repr__(self) -> str:
         return f"ExternalEvent#{self.id}"
 
-    def record(self, stream: Stream) -> None:
+    def record(self, stream: DeviceStream) -> None:
+        stream = own(stream)
         if stream.capture is not None:
             stream.capture.add_event_node("record", self)
         else:
             stream.launch_host_fn(f"record {self}", self._set)
 
-    def wait(self, stream: Stream) -> None:
+    def wait(self, stream: DeviceStream) -> None:
+        stream = own(stream)
         if stream.capture is not None:
             stream.capture.add_event_node("wait", self)
         elif stream.queue or not self.is_recorded:  # (an idle stream passes a recorded event at once)
             stream.launch(f"wait {self}", self.wait_steps(f"a wait on {stream}"))
 
-    def reset(self, stream: Stream) -> None:
+    def reset(self, stream: DeviceStream) -> None:
+        stream = own(stream)
         if stream.capture is not None:
             stream.capture.add_event_node("reset", self)
         else:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, SupportsIndex, cast
 
 import torch
 from torch import Tensor
@@ -40,7 +40,11 @@ from torch.utils._mode_utils import no_dispatch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import UnsupportedOnBackend
-from .opinfo import TensorSpec, frozen_args, infer_outputs, op_info
+if TYPE_CHECKING:  # the device imports this module's users
+    from .device import EmulatedDevice
+    from .pool import Block
+    from .streams import Stream
+from .opinfo import OpArgs, OpKwargs, TensorSpec, frozen_args, infer_outputs, op_info
 
 DEVICE_TYPE = "npu"
 DEVICE = torch.device(DEVICE_TYPE, 0) if torch._C._get_privateuse1_backend_name() == DEVICE_TYPE else None
@@ -111,28 +115,29 @@ class DeviceTensor(torch.Tensor):
     """
 
     _data: Tensor
-    _block: Any = None  # set only for graph-pool memory (most tensors have none)
+    _block: Block | None = None  # set only for graph-pool memory (most tensors have none)
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]  # torch's stub types the impl as a plain function, not the classmethod protocol it serves
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001 - torch's protocol
+    def __torch_dispatch__(cls, func: torch._ops.OpOverload, types: object, args: OpArgs = (),  # type: ignore[override]  # torch's base is a plain function stub
+                           kwargs: OpKwargs | None = None) -> Any:
         return _dispatch(func, args, kwargs)
 
-    def data_ptr(self) -> int:  # type: ignore[override]
+    def data_ptr(self) -> int:
         return self._data.data_ptr()
 
-    def untyped_storage(self) -> torch.UntypedStorage:  # type: ignore[override]
+    def untyped_storage(self) -> torch.UntypedStorage:
         return self._data.untyped_storage()
 
-    def tolist(self) -> Any:  # type: ignore[override]
+    def tolist(self) -> Any:
         capture = _Hooks.device.capturing if _Hooks.device is not None else None
         if capture is not None:
             capture.host_sync("Tensor.tolist()")  # a host read of device memory
         _wait_for_current_stream()
         return self._data.tolist()
 
-    def numpy(self, *, force: bool = False) -> Any:  # type: ignore[override]
+    def numpy(self, *, force: bool = False) -> Any:
         raise TypeError(f"can't convert {self.device} device type tensor to numpy. "
                         "Use Tensor.cpu() to copy the tensor to host memory first.")
 
@@ -141,7 +146,7 @@ class DeviceTensor(torch.Tensor):
         text = repr(self._data)
         return text[:-1] + f", device='{self.device}')" if text.endswith(")") else text
 
-    def __reduce_ex__(self, protocol: int) -> Any:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
         _wait_for_current_stream()
         with _disable_current_modes():
             return (_rebuild, (self._data.clone(),))
@@ -151,7 +156,7 @@ def _rebuild(data: Tensor) -> Tensor:
     return wrap(data)
 
 
-def wrap(data: Tensor, block: Any = None) -> DeviceTensor:
+def wrap(data: Tensor, block: Block | None = None) -> DeviceTensor:
     """``data`` (a host tensor) as device memory; ``block``: the graph-pool block it lives in."""
     assert DEVICE is not None, "install() registers the device first"
     tensor = _make_wrapper(DeviceTensor, data.size(), strides=data.stride(), storage_offset=data.storage_offset(),
@@ -190,10 +195,10 @@ class _Hooks:
     The api module installs the live device here (:func:`attach`); until then operations run at
     once, with nothing counted."""
 
-    device: Any = None
+    device: EmulatedDevice | None = None
 
 
-def attach(device: Any) -> None:
+def attach(device: EmulatedDevice) -> None:
     _Hooks.device = device
 
 
@@ -233,7 +238,7 @@ def _unwrap(values: Any, seen: list[Any]) -> Any:
     return values
 
 
-def unwrap_call(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -> Call:
+def unwrap_call(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs | None) -> Call:
     """Unwrap ``func``'s arguments; raise :class:`DeviceMismatchError` for a forbidden host/device mix."""
     rule = _RULES.get(func) or _rule(func)
     seen: list[Any] = [False, None]
@@ -250,14 +255,14 @@ def unwrap_call(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -
     return Call(data_args, data_kwargs, on_device, host, to_device, to_host)
 
 
-def non_blocking(args: tuple, kwargs: dict | None) -> bool:
+def non_blocking(args: OpArgs, kwargs: OpKwargs | None) -> bool:
     """``copy_``'s ``non_blocking`` flag."""
     if len(args) > 2:
         return bool(args[2])
     return bool(kwargs and kwargs.get("non_blocking"))
 
 
-def apply_inplace_view(func: torch._ops.OpOverload, args: tuple, call: Call) -> Any:
+def apply_inplace_view(func: torch._ops.OpOverload, args: OpArgs, call: Call) -> Any:
     """A metadata-only in-place op (``t_``, ``squeeze_``) on a device tensor: applied to its data
     and to the wrapper's own sizes and strides (which are the wrapper's, not its data's)."""
     func(*call.data_args, **call.data_kwargs)
@@ -266,7 +271,7 @@ def apply_inplace_view(func: torch._ops.OpOverload, args: tuple, call: Call) -> 
     return args[0]
 
 
-def _mismatch(rule: _OpRule, args: tuple, kwargs: dict, host: Tensor) -> DeviceMismatchError:
+def _mismatch(rule: _OpRule, args: OpArgs, kwargs: OpKwargs, host: Tensor) -> DeviceMismatchError:
     where = next((rule.arg_names[i] for i, a in enumerate(args) if _holds(a, host) and i < len(rule.arg_names)),
                  next((k for k, v in kwargs.items() if _holds(v, host)), "?"))
     return DeviceMismatchError(
@@ -280,7 +285,7 @@ def _holds(value: Any, tensor: Tensor) -> bool:
     return isinstance(value, (list, tuple)) and any(v is tensor for v in value)
 
 
-def _dispatch(func: torch._ops.OpOverload, args: tuple, kwargs: dict | None) -> Any:
+def _dispatch(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs | None) -> Any:
     """Every operation on a device tensor outside a capture: the device's rules, then the work.
 
     The common case (positional device tensors and host scalars, an empty stream, no copy and no
@@ -334,7 +339,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _dispatch_call(func: torch._ops.OpOverload, rule: _OpRule, args: tuple, kwargs: dict | None) -> Any:
+def _dispatch_call(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | None) -> Any:
     """The general path: keywords, host tensors, copies, host reads, a stream with queued work."""
     call = unwrap_call(func, args, kwargs)
     if rule.inplace_view:
@@ -357,7 +362,7 @@ def _dispatch_call(func: torch._ops.OpOverload, rule: _OpRule, args: tuple, kwar
     return _wrap_result(result, rule, args, kwargs, device)
 
 
-def _wrap_result(result: Any, rule: _OpRule, args: tuple, kwargs: dict | None, device: Any) -> Any:
+def _wrap_result(result: Any, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | None, device: EmulatedDevice | None) -> Any:
     if type(result) is Tensor:
         return _wrap_one(result, 0, rule, args, kwargs, device)
     if isinstance(result, (tuple, list)):
@@ -366,14 +371,14 @@ def _wrap_result(result: Any, rule: _OpRule, args: tuple, kwargs: dict | None, d
     return result
 
 
-def _wrap_one(result: Tensor, index: int, rule: _OpRule, args: tuple, kwargs: dict | None, device: Any) -> Tensor:
+def _wrap_one(result: Tensor, index: int, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | None, device: EmulatedDevice | None) -> Tensor:
     if rule.writes:
         source = rule.aliases[index] if index < len(rule.aliases) else -1
         if source != -1:
             original = (kwargs or {}).get(source) if isinstance(source, str) else \
                 args[source] if source < len(args) else None
             if original is not None:
-                return original  # in place / out=: the caller's own tensor
+                return cast(Tensor, original)  # in place / out=: the caller's own tensor
     if rule.view:  # a view keeps its base's graph-pool block alive
         base = next((a for a in args if type(a) is DeviceTensor), None)
         return wrap(result, base._block if base is not None else None)
@@ -382,8 +387,8 @@ def _wrap_one(result: Tensor, index: int, rule: _OpRule, args: tuple, kwargs: di
     return wrap(result)
 
 
-def _queued(func: torch._ops.OpOverload, rule: _OpRule, args: tuple, kwargs: dict, data_args: list,
-            data_kwargs: dict, stream: Any, device: Any) -> Any:
+def _queued(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwargs: OpKwargs, data_args: list[Any],
+            data_kwargs: OpKwargs, stream: Stream, device: EmulatedDevice) -> Any:
     """An operation issued to a stream with queued work: it runs when the stream reaches it.
 
     Its outputs exist at once (a device allocates before it launches); what it reads is read
@@ -407,7 +412,7 @@ def _queued(func: torch._ops.OpOverload, rule: _OpRule, args: tuple, kwargs: dic
     return _wrap_result(outputs, rule, args, kwargs, device)
 
 
-def _non_blocking_read(func: torch._ops.OpOverload, rule: _OpRule, args: tuple, kwargs: dict | None) -> bool:
+def _non_blocking_read(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | None) -> bool:
     """A copy to the host that does not make the host wait (``.to("cpu", non_blocking=True)``,
     ``host.copy_(device, non_blocking=True)``)."""
     if rule.name == "aten::copy_":
@@ -415,13 +420,13 @@ def _non_blocking_read(func: torch._ops.OpOverload, rule: _OpRule, args: tuple, 
     return func is torch.ops.aten._to_copy.default and bool(kwargs and kwargs.get("non_blocking"))
 
 
-def _queued_to_host(func: torch._ops.OpOverload, rule: _OpRule, args: tuple, kwargs: dict, call: Call,
-                    stream: Any, device: Any) -> Tensor:
+def _queued_to_host(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwargs: OpKwargs, call: Call,
+                    stream: Stream, device: EmulatedDevice) -> Tensor:
     """A copy to host memory issued behind queued work: the host tensor exists at once and is
     filled when the stream reaches the copy (read it before then and it holds what was there)."""
     launch_args, launch_kwargs = frozen_args(tuple(call.data_args)), dict(call.data_kwargs)
     if rule.name == "aten::copy_":
-        out = args[0]
+        out: Tensor = args[0]
         stream.launch_host_fn("aten::copy_ to host (queued)", lambda: out.copy_(launch_args[1]))
     else:
         out = _allocate(infer_outputs(func, launch_args, launch_kwargs))
@@ -431,7 +436,7 @@ def _queued_to_host(func: torch._ops.OpOverload, rule: _OpRule, args: tuple, kwa
     return out
 
 
-def _aliased(rule: _OpRule, args: tuple, kwargs: dict) -> Any:
+def _aliased(rule: _OpRule, args: OpArgs, kwargs: OpKwargs) -> Any:
     """The caller's tensors that an in-place or ``out=`` operation returns."""
     picked = [kwargs.get(s) if isinstance(s, str) else args[s] for s in rule.aliases if s != -1]
     if not picked:
@@ -456,12 +461,14 @@ def _flat(value: Any) -> list[Tensor]:
 
 
 # -- the PrivateUse1 kernels: what reaches the device without a device tensor argument ----------
-def _empty(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):  # noqa: ANN001
+def _empty(size: list[int], dtype: torch.dtype | None = None, layout: object = None, device: object = None,
+           pin_memory: object = None, memory_format: torch.memory_format | None = None) -> DeviceTensor:
     data = torch.empty(size, dtype=dtype, memory_format=memory_format)
     return _fresh(data)
 
 
-def _empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):  # noqa: ANN001
+def _empty_strided(size: list[int], stride: list[int], dtype: torch.dtype | None = None, layout: object = None,
+                   device: object = None, pin_memory: object = None) -> DeviceTensor:
     return _fresh(torch.empty_strided(size, stride, dtype=dtype))
 
 
