@@ -86,9 +86,15 @@ def _first_row_mismatch(step: StepRecord, a: torch.Tensor, b: torch.Tensor, tol:
             "rows_differing": len(bad_rows)}
 
 
+def _tokens(step: StepRecord, path: str) -> list[list[int]] | list[int] | None:
+    """What ``path`` took from the step's logits: the verified tokens per request where recorded
+    (under spec decode a step's rows give the bonus token too), else the sampled token."""
+    return step.generated.get(path) or step.sampled.get(path)
+
+
 def _divergence_step(record: RunRecord, path: str) -> int | None:
     for step in record.steps:
-        if step.sampled.get(path) != step.sampled.get("reference"):
+        if _tokens(step, path) != _tokens(step, "reference"):
             return step.step
     return record.steps[-1].step if record.steps else None
 
@@ -118,13 +124,13 @@ def check_equality(record: RunRecord, *, dtype: str, bitwise_replay: bool,
                 continue
             compared += 1
             graph_compared += left == "graph"
-            tokens_equal = step.sampled.get(left) == step.sampled.get(right)
+            tokens_equal = _tokens(step, left) == _tokens(step, right)
             close = _compare(logits[left], logits[right], tol)
             if close and tokens_equal:
                 continue
             if close and not tol.bitwise:  # different tokens from logits within rounding: a tie
                 ties.append({"step": step.step, "paths": f"{left} vs {right}",
-                             "tokens": {left: step.sampled.get(left), right: step.sampled.get(right)}})
+                             "tokens": {left: _tokens(step, left), right: _tokens(step, right)}})
                 continue
             found = {"step": step.step, "paths": f"{left} vs {right}", "effect": effect,
                      "tolerance": {"atol": tol.atol, "rtol": tol.rtol},

@@ -195,7 +195,7 @@ def plain_greedy_texts(spec: PipelineSpec, model: DecoderLM) -> tuple[dict[str, 
             continue
         meta = build_attention_metadata(step.requests, spec.model.block_size, spec.max_blocks_per_req)
         logits = runner.execute(step_inputs(step, path.tokens, meta, {}))
-        advanced, generated, _ = accept(step, meta, logits, path.tokens, {}, path.batcher)
+        advanced, generated, _, _ = accept(step, meta, logits, path.tokens, {}, path.batcher)
         path.batcher.commit(step, advanced, generated)
     return {req: ids[path.prompt_lengths[req]:] for req, ids in path.tokens.items()}, path.batcher.unfinished()
 
@@ -321,7 +321,8 @@ class Stepper:
             reference_metadata=_host_lists(meta),
         )
         if previous is not None:  # keep what the reference path already put there
-            rec.sampled, rec.logits, rec.seconds = previous.sampled, previous.logits, previous.seconds
+            rec.sampled, rec.generated = previous.sampled, previous.generated
+            rec.logits, rec.seconds = previous.logits, previous.seconds
         return rec
 
     def _execute(self, name: str, path: Path, step: Step | None, plan: StepPlan, rec: StepRecord,
@@ -360,7 +361,8 @@ class Stepper:
             return
         assert step is not None
         rec.logits[name] = logits = logits.cpu()  # the record's evidence lives on the host
-        advanced, generated, sampled = accept(step, plan.meta, logits, path.tokens, drafts, path.batcher)
+        advanced, generated, sampled, rec.generated[name] = accept(step, plan.meta, logits, path.tokens, drafts,
+                                                                   path.batcher)
         rec.sampled[name] = sampled
         if drafts:
             stats = self.record.speculation.setdefault(name, {"proposed": 0, "accepted": 0})
@@ -425,6 +427,7 @@ class Stepper:
         for req_id, index in flight.placeholders.items():
             path.tokens[req_id][index] = firsts[flight.rows[req_id]]
         rec.sampled["graph"] = firsts
+        rec.generated["graph"] = [[token] for token in firsts]
         return True
 
     def finish(self, graph_path: Path) -> None:
@@ -451,15 +454,17 @@ def step_inputs(step: Step | None, tokens: dict[str, list[int]], meta: Attention
 
 
 def accept(step: Step, meta: AttentionMetadata, logits: torch.Tensor, tokens: dict[str, list[int]],
-           drafts: dict[str, list[int]], batcher: Any) -> tuple[dict[str, int], dict[str, int], list[int]]:
+           drafts: dict[str, list[int]], batcher: Any) -> tuple[dict[str, int], dict[str, int], list[int], list[list[int]]]:
     """Greedy sampling, and greedy acceptance of draft tokens (the longest agreeing prefix).
 
-    Returns, per request, the KV entries the step made valid, the tokens it generated, and the
-    first greedy token of each request (what the per-step comparison looks at).
+    Returns, per request, the KV entries the step made valid, the number of tokens it generated,
+    the first greedy token of each request, and the greedy tokens up to the first rejected draft
+    (what the per-step comparison looks at: two paths whose bonus tokens differ part there).
     """
     advanced: dict[str, int] = {}
     generated: dict[str, int] = {}
     firsts: list[int] = []
+    verified: list[list[int]] = []
     starts = meta.query_start_loc
     greedy = logits.argmax(dim=-1).tolist()  # one host read of the step's tokens
     for i, req in enumerate(step.requests):
@@ -478,7 +483,8 @@ def accept(step: Step, meta: AttentionMetadata, logits: torch.Tensor, tokens: di
                 known.append(int(rows[-1]))
             advanced[req.req_id], generated[req.req_id] = req.num_new_tokens, 1
         firsts.append(int(rows[-1] if not proposal else rows[0]))
-    return advanced, generated, firsts
+        verified.append([int(t) for t in rows[: advanced[req.req_id]]] if proposal else [int(rows[-1])])
+    return advanced, generated, firsts, verified
 
 
 def _descriptor(plan: StepPlan) -> dict[str, Any] | None:

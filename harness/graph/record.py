@@ -90,6 +90,9 @@ class StepRecord:
     metadata: dict[str, Any] = field(default_factory=dict)  # the graph path's host lists
     reference_metadata: dict[str, Any] = field(default_factory=dict)  # the unpadded host lists
     sampled: dict[str, list[int]] = field(default_factory=dict)  # path -> token per request
+    # path -> per request, the greedy tokens the step's rows gave up to the first rejected draft
+    # (spec decode: the accepted drafts and the bonus token; otherwise the sampled token)
+    generated: dict[str, list[list[int]]] = field(default_factory=dict)
     logits: dict[str, Any] = field(default_factory=dict)  # path -> real-row logits (not serialised)
     executed: list[dict[str, Any]] | None = None  # per layer: host lists the graph executed
     host_lists_unverifiable: bool = False  # a FULL replay on a backend that cannot report them
