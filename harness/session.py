@@ -98,7 +98,8 @@ def build_spec(item: ResolvedItem, ctx: RankContext = SINGLE_RANK) -> PipelineSp
                         pad_requests_without_full=item.stack.pad_requests_without_full,
                         debug_input_addresses=g.debug_input_addresses, attention_path=item.graph.attention_path,
                         dp_padding=item.stack.dp_padding, spec_decode_needs_computed=item.stack.spec_decode_needs_computed,
-                        capture_error_guidance=item.stack.capture_error_guidance, async_scheduling=g.async_scheduling)
+                        capture_error_guidance=item.stack.capture_error_guidance, async_scheduling=g.async_scheduling,
+                        drafter_graphs=g.compilation_mode == "VLLM_COMPILE")
     if w.requests is not None:
         plans: list[RequestPlan] = []
         for request in w.requests:

@@ -6,8 +6,10 @@ capture sizes are rounded up to multiples of q (vLLM ``adjust_cudagraph_sizes_fo
 issue #28207; composed with the other features' constraints in graph.capture_sizes). The
 drafter (:mod:`harness.graph.drafter`) runs with *unpadded* metadata: the ``drafter_unpadded``
 fix. Without it the drafter is handed the target's padded metadata for an unpadded input, a
-last element beyond T that both FIA contracts reject. Greedy speculative output must equal
-greedy plain output.
+last element beyond T that both FIA contracts reject. On the graph path the draft model has
+graphs of its own (:mod:`harness.graph.draft_runner`) whose FIA host lists are updated after
+every replay: the ``drafter_param_update`` fix. Greedy speculative output must equal greedy
+plain output.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ class SpeculativeDecoding(Feature):
     Settings = MTPSettings
     settings: MTPSettings  # (the base validates it as Settings)
     fixes = {"drafter_unpadded": FixSwitch("the drafter gets its own unpadded metadata",
-                                           "the drafter's last element > T: both FIA contracts reject")}
+                                           "the drafter's last element > T: both FIA contracts reject"),
+             "drafter_param_update": FixSwitch("the draft model's FULL graphs get their FIA host lists updated "
+                                               "after every replay (vLLM Ascend _draft_graph_params)",
+                                               "the draft graphs replay their capture-time lists: stale params")}
     marker = "speculative decoding (k > 0)"
     ledger = "spec"
     ledger_colour = "#72b7b2"

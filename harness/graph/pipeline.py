@@ -23,6 +23,7 @@ import torch
 
 from harness.engine.protocol import Engine
 from harness.graph.capability import AttentionPath
+from harness.graph.draft_runner import DraftGraphConfig, DraftGraphRunner
 from harness.graph.drafter import Drafter, draft_model
 from harness.graph.metadata import AttentionMetadata, build_attention_metadata
 from harness.graph.modes import CUDAGraphMode
@@ -67,6 +68,7 @@ class GraphConfig:
     spec_decode_needs_computed: bool = True  # spec decode: a fresh prompt is never uniform (PR #6835)
     capture_error_guidance: str | None = "pr9962"  # the wrapper's advice on 207008 (PR #9962)
     async_scheduling: bool = False  # launch step i+1 before reading step i (vLLM --async-scheduling)
+    drafter_graphs: bool = True  # the draft model has graphs too (vLLM Ascend `_use_aclgraph()`: VLLM_COMPILE)
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,19 @@ def run_pipeline(spec: PipelineSpec, engine: Engine, record: RunRecord, ctx: Ran
                          RunnerConfig(max(g.capture_sizes, default=1), g.max_num_seqs, spec.max_blocks_per_req,
                                       g.warmup_runs, g.fixes, g.mode, g.debug_input_addresses, g.attention_path,
                                       g.capture_error_guidance), style)
+    drafter = paths["graph"].drafter
+    if drafter is not None:  # the draft model's graphs, captured with the target's, in the same pool
+        drafter.graphs = runner.drafter = DraftGraphRunner(
+            engine, drafter.model, drafter.kv_cache,
+            DraftGraphConfig(g.mode, g.capture_sizes, g.max_num_seqs, spec.num_speculative_tokens,
+                             spec.max_blocks_per_req, graphs=g.drafter_graphs,
+                             full_graphs=g.attention_path is AttentionPath.HOST_LISTS, fia_padding=g.fia_padding,
+                             mixed_full_key_num_reqs=g.mixed_full_key_num_reqs,
+                             pad_requests_without_full=g.pad_requests_without_full,
+                             param_update=feature_fix(spec.features, "drafter_param_update"),
+                             debug_input_addresses=g.debug_input_addresses,
+                             capture_error_guidance=g.capture_error_guidance),
+            pool=runner.pool, monitor=runner.monitor)
     eager = {"reference": EagerRunner(reference_model, paths["reference"].kv_cache),
              "padded": EagerRunner(model, paths["padded"].kv_cache, style)}
     with observe_fia_calls() as calls, fia_contract(spec.fia_contract):  # type: ignore[arg-type]
@@ -143,6 +158,7 @@ def run_pipeline(spec: PipelineSpec, engine: Engine, record: RunRecord, ctx: Ran
         paths["graph"].finished = planners["graph"].any_rank(paths["graph"].finished)
         record.capture_seconds = time.perf_counter() - started
         record.graphs_captured = runner.graphs_captured
+        record.draft_graphs_captured = runner.drafter.graphs_captured if runner.drafter is not None else 0
         record.stream_usage = dict(engine.stream_usage(), by_bucket=runner.streams_by_bucket)
         record.memory = dict(engine.memory_report())
         stepper = Stepper(spec, planners, runner, eager, ctx, record)
@@ -318,7 +334,10 @@ class Stepper:
             try:
                 if path.drafter is not None and step is not None:
                     with fia_call_tags(phase="draft"):
-                        drafts = path.drafter.propose(step, path.tokens, plan, fix_on=self._drafter_fix_on())
+                        drafts = path.drafter.propose(step, path.tokens, plan,
+                                                      fix_on=feature_fix(self.spec.features, "drafter_unpadded"))
+                    if name == "graph":
+                        rec.draft = path.drafter.last
                 inputs = step_inputs(step, path.tokens, plan.padded, drafts)
             finally:
                 if name == "graph":  # a collective (DP's shape check): a rank whose drafter raised joins it too
@@ -416,9 +435,11 @@ class Stepper:
         if not self._resolve(graph_path, self._take_in_flight()):
             graph_path.finished = True
 
-    def _drafter_fix_on(self) -> bool:
-        """Off when a speculating feature has a fix switched off (the known-bad drafter)."""
-        return all(f.fix_on for f in self.spec.features if f.extra_query_tokens())
+
+def feature_fix(features: Sequence[Any], switch: str) -> bool:
+    """Whether fix ``switch`` is on: off when a speculating feature declares it switched off
+    (the known-bad drafter); a feature that does not declare it leaves it on."""
+    return all(f.fix_states.get(switch, True) for f in features if f.extra_query_tokens())
 
 
 def step_inputs(step: Step | None, tokens: dict[str, list[int]], meta: AttentionMetadata,

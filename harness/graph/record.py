@@ -40,6 +40,21 @@ def categorize(error: BaseException) -> ErrorCategory:
     return ErrorCategory.CRASH
 
 
+def fia_calls_by_phase(calls: Any, path: str = "graph") -> dict[str, int]:
+    """How many FIA calls one path made in each phase (its ``phase`` tag): for the graph path,
+    what the engine under test issues in ``warmup``, ``capture``, ``step`` (eager),
+    ``between-pieces`` (PIECEWISE), ``update`` (task groups after a FULL replay),
+    ``device-buffers``, and the draft model's ``draft`` (live), ``draft-capture`` and
+    ``draft-update``. Calls without a path tag (none in a pipeline run) count for no path."""
+    counts: dict[str, int] = {}
+    for call in calls:
+        tags = call.tags
+        if tags.get("path") == path:
+            phase = str(tags.get("phase", "-"))
+            counts[phase] = counts.get(phase, 0) + 1
+    return dict(sorted(counts.items()))
+
+
 @dataclass
 class PathError:
     """An execution path stopped: where, and why."""
@@ -81,6 +96,9 @@ class StepRecord:
     logits: dict[str, Any] = field(default_factory=dict)  # path -> real-row logits (not serialised)
     executed: list[dict[str, Any]] | None = None  # per layer: host lists the graph executed
     host_lists_unverifiable: bool = False  # a FULL replay on a backend that cannot report them
+    # the graph path's draft (speculative decoding): its dispatch, and for a draft graph the host
+    # lists of each round and what each task group executed (harness.graph.draft_runner)
+    draft: dict[str, Any] | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # path -> wall time to its logits on the host
 
 
@@ -89,7 +107,8 @@ class RunRecord:
     mode: str
     backend: str
     capture_sizes: list[int]
-    graphs_captured: int = 0
+    graphs_captured: int = 0  # the draft model's included (one graph pool, one stream budget)
+    draft_graphs_captured: int = 0  # of them, the draft model's (harness.graph.draft_runner)
     capture_seconds: float = 0.0
     steps: list[StepRecord] = field(default_factory=list)
     fia_calls: list[Any] = field(default_factory=list)  # harness.ops.FiaCall

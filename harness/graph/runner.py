@@ -8,7 +8,8 @@ or builds metadata. Capture and replay go through graph wrappers
 vLLM Ascend:
 
 * one capture per capture key, largest first, all into one shared pool, each after warm-up runs
-  (runtime mode NONE, passed through the wrappers); capturing is legal only in that phase;
+  (runtime mode NONE, passed through the wrappers); capturing is legal only in that phase; only a
+  FULL key's dummy runs have attention metadata (a PIECEWISE key's run no attention);
 * PIECEWISE: L+1 wrapped pieces per bucket; attention runs eagerly between them on live host
   values, its output copied into the static buffer the next piece captured;
 * FULL: one wrapped forward per key. Where the lengths live is the capability step's answer
@@ -221,7 +222,10 @@ class GraphRunner:
         self.attn_outputs: dict[BatchDescriptor, list[Tensor]] = {}
         self.monitor = CaptureMonitor(enabled=False)  # capturing is legal only inside capture()
         mode = config.mode
-        pool = engine.graph_pool_handle() if mode is not CUDAGraphMode.NONE else None
+        # One pool for every graph of the run, the drafter's too (vLLM Ascend: the platform's
+        # global graph pool, shared by every ACLGraphWrapper).
+        self.pool = pool = engine.graph_pool_handle() if mode is not CUDAGraphMode.NONE else None
+        self.drafter: Any = None  # the draft model's graphs (a DraftGraphRunner), captured with each key
         wrap: dict[str, Any] = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses,
                     capture_error_guidance=config.capture_error_guidance)
         # vLLM Ascend synchronizes before a FULL replay so that the host update of this step
@@ -244,8 +248,10 @@ class GraphRunner:
 
     @property
     def graphs_captured(self) -> int:
+        """Graphs of the target and of the drafter: every one holds streams of the same pool."""
         wrappers = [*self.piece_wrappers, *([self.full_wrapper] if self.full_wrapper else [])]
-        return sum(w.num_captured for w in wrappers)
+        drafted = self.drafter.graphs_captured if self.drafter is not None else 0
+        return sum(w.num_captured for w in wrappers) + drafted
 
     # -- the forward the wrappers wrap ---------------------------------------------------------
     def _forward(self, input_ids: Tensor, positions: Tensor, slot_mapping: Tensor) -> Tensor:
@@ -261,10 +267,16 @@ class GraphRunner:
         """Attention of ``layer`` as the forward context says: captured in a FULL graph's task
         group, or eager with the step's live host lists (into a PIECEWISE key's static buffer)."""
         context = get_forward_context()
-        live: LiveAttention = context.attn_metadata
-        kwargs = live.kwargs
+        live: LiveAttention | None = context.attn_metadata
         key_cache, value_cache = self.kv_cache.key_cache[layer], self.kv_cache.value_cache[layer]
         mode, style = context.runtime_mode, self.style
+        if live is None:
+            # A dummy run without attention metadata (a PIECEWISE key's warm-up and capture,
+            # vLLM ``_should_build_dummy_attn_metadata``): vLLM Ascend's attention returns zeros
+            # (``if attn_metadata is None: return output.fill_(0)``), FIA is not called.
+            if mode is CUDAGraphMode.PIECEWISE:
+                return self._attention_buffer(context.batch_descriptor, layer, query).zero_()
+            return torch.zeros_like(query)
         if mode is CUDAGraphMode.FULL and context.capturing and self.device_buffers:
             with fia_call_tags(layer=layer):
                 out, lse = fia_device_metadata(query, key_cache, value_cache, self.query_start_loc, self.seq_lens,
@@ -273,6 +285,7 @@ class GraphRunner:
                                                num_key_value_heads=self.heads.num_kv_heads, scale=self.heads.scale,
                                                max_num_reqs=self.max_reqs, sparse_mode=style.sparse_mode)
             return style.combine(out, lse) if style.combine else out
+        kwargs = live.kwargs
         if mode is CUDAGraphMode.FULL and context.capturing and self.config.fixes.host_param_update:
             num_tokens = query.shape[0]
             with fia_call_tags(layer=layer):
@@ -282,12 +295,6 @@ class GraphRunner:
             self.layer_tasks.setdefault(context.batch_descriptor, []).append(task)
             return style.combine(task.out, task.lse) if style.combine else task.out
         between = mode is CUDAGraphMode.PIECEWISE
-        if between and self.monitor.enabled:
-            # The capturing forward of a PIECEWISE key: the next piece's graph captures this
-            # buffer's address, not its contents, and the warm-up runs already ran this
-            # attention eagerly on the same batch. Skipping the kernel here keeps a 40-layer
-            # capture phase cheap (the CPU reference FIA is the costly part).
-            return self._attention_buffer(context.batch_descriptor, layer, query)
         # Eager: NONE, between PIECEWISE pieces, or (known-bad) FIA frozen into a FULL capture
         # with no way to update its host lists.
         with fia_call_tags(layer=layer, **({"phase": "between-pieces"} if between else {})):
@@ -308,7 +315,13 @@ class GraphRunner:
     # -- capture -----------------------------------------------------------------------------
     def capture(self, plans: Sequence[tuple[CUDAGraphMode, BatchDescriptor, AttentionMetadata]]) -> None:
         """Capture one graph per key, each on its dummy batch (``StepPlanner.capture_plans``):
-        warm-up runs (runtime mode NONE, through the wrappers), then the capturing call."""
+        warm-up runs (runtime mode NONE, through the wrappers), then the capturing call.
+
+        Attention metadata is built for a FULL key's dummy runs only (vLLM ``_warmup_and_capture``:
+        ``force_attention`` for FULL; vLLM Ascend ``_should_build_dummy_attn_metadata``): a
+        PIECEWISE key's warm-ups and capture run no attention at all. Each dummy run ends with the
+        drafter's (vLLM Ascend ``_dummy_run`` calls ``drafter.dummy_run``), which captures the
+        draft model's graphs of the key (:mod:`harness.graph.draft_runner`)."""
         self.monitor.enabled = True
         try:
             for runtime_mode, key, meta in plans:
@@ -316,16 +329,21 @@ class GraphRunner:
                 self._write_static(inputs)
                 if self.device_buffers and runtime_mode is CUDAGraphMode.FULL:
                     self._refresh_device_buffers(meta)  # the dummy batch the graph is captured on
-                args, live = self._static_args(meta), self._live(meta, self.block_table)
+                args = self._static_args(meta)
+                live = self._live(meta, self.block_table) if runtime_mode is CUDAGraphMode.FULL else None
                 with fia_call_tags(phase="warmup", bucket=key.num_tokens), \
                         set_forward_context(CUDAGraphMode.NONE, None, live):
                     for _ in range(self.config.warmup_runs):
                         self.forward(*args)
+                        if self.drafter is not None:
+                            self.drafter.dummy_run(CUDAGraphMode.NONE, key)
                 with fia_call_tags(phase="capture", bucket=key.num_tokens, graph=str(runtime_mode)):
                     had_workspaces = set(self.workspaces)
                     try:
                         with set_forward_context(runtime_mode, key, live):
                             self.forward(*args)
+                        if self.drafter is not None:
+                            self.drafter.dummy_run(runtime_mode, key)
                     except Exception as error:
                         self._log_streams(runtime_mode, key, needed=getattr(error, "needed", None), failed=True)
                         # a failed capture gives its memory back: a workspace it made must not outlive it
@@ -528,6 +546,8 @@ class GraphRunner:
         return None
 
     def release(self) -> None:
+        if self.drafter is not None:
+            self.drafter.release()
         for wrapper in [*self.piece_wrappers, *([self.full_wrapper] if self.full_wrapper else [])]:
             for entry in wrapper.entries.values():
                 if entry.graph is not None:

@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import Any
 
-from harness.graph.record import RunRecord
+from harness.graph.record import RunRecord, fia_calls_by_phase
 from harness.report.charts import step_padding
 from harness.report.timing import step_timing
 from harness.report.view import check_states
@@ -87,6 +87,7 @@ def run_evidence(record: RunRecord | None) -> dict[str, Any]:
         "timing": step_timing(steps),  # replay against eager per bucket: the page's table, kept too
         "texts": record.texts,
         "fia_calls": len(record.fia_calls),
+        "fia_calls_by_phase": fia_calls_by_phase(record.fia_calls),  # the graph path's, by phase
         "speculation": record.speculation,
         "notes": record.notes,
     }

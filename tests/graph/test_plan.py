@@ -3,8 +3,10 @@
 The count is taken on the real pipeline (``session.run_rank``): ``Dispatcher.dispatch`` is
 wrapped to count calls, and every ``StepPlanner.plan`` / ``reference`` call must account for
 exactly one (plan: a step or an idle rank's dummies) or zero (reference, or no work on any
-rank) of them; nothing else may dispatch. Single-rank runs cover every mode with and without
-speculative decoding; multi-rank runs (real processes) cover SP, DP with idle ranks, and CP.
+rank) of them; nothing else may dispatch, but the drafter's own dispatch of its first pass
+(vLLM Ascend's proposer calls the runner's dispatcher itself), once per draft. Single-rank runs
+cover every mode with and without speculative decoding; multi-rank runs (real processes) cover
+SP, DP with idle ranks, and CP.
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ def count_dispatches(scenario_json: dict, ctx=None) -> dict:
     """Run one rank of ``scenario_json``; return what was dispatched where."""
     from harness import session
 
-    calls = {"dispatch": 0, "outside_plan": 0, "plans": [], "bad": [], "redispatched": 0}
+    from harness.graph.draft_runner import DraftGraphRunner
+
+    calls = {"dispatch": 0, "outside_plan": 0, "plans": [], "bad": [], "redispatched": 0, "drafts": 0}
     inside = {"depth": 0}
     original_dispatch = Dispatcher.dispatch
     original_plan, original_reference = plan_module.StepPlanner.plan, plan_module.StepPlanner.reference
+    original_draft = DraftGraphRunner.dispatch
 
     def dispatch(self, *args, **kwargs):
         calls["dispatch"] += 1
@@ -75,9 +80,22 @@ def count_dispatches(scenario_json: dict, ctx=None) -> dict:
             return result
         return wrapper
 
+    def draft_dispatch(self, batch, plan):
+        before = calls["dispatch"]
+        inside["depth"] += 1
+        try:
+            return original_draft(self, batch, plan)
+        finally:
+            inside["depth"] -= 1
+            made = calls["dispatch"] - before
+            calls["drafts"] += made
+            if made != (self.dispatcher is not None):  # a draft graph's dispatch, once; none without graphs
+                calls["bad"].append((("draft", None), made))
+
     Dispatcher.dispatch = dispatch
     plan_module.StepPlanner.plan = counted(original_plan, "plan")
     plan_module.StepPlanner.reference = counted(original_reference, "reference")
+    DraftGraphRunner.dispatch = draft_dispatch
     try:
         item = resolve_item(Scenario.model_validate(scenario_json))
         if ctx is None:
@@ -87,6 +105,7 @@ def count_dispatches(scenario_json: dict, ctx=None) -> dict:
     finally:
         Dispatcher.dispatch = original_dispatch
         plan_module.StepPlanner.plan, plan_module.StepPlanner.reference = original_plan, original_reference
+        DraftGraphRunner.dispatch = original_draft
     return calls
 
 
@@ -110,6 +129,7 @@ def test_every_step_is_dispatched_once_on_one_rank(mode, features):
     calls = count_dispatches(_scenario(mode, features))
     _assert_once(calls)
     assert ("reference", PlanKind.REFERENCE.value) in calls["plans"]
+    assert (calls["drafts"] > 0) == (bool(features) and mode != "NONE")  # the draft model's own dispatch
 
 
 @pytest.mark.parametrize("features", [

@@ -79,7 +79,7 @@ def test_minimal_file_gets_defaults(tmp_path):
     assert s.fixes.model_dump() == dict.fromkeys(
         ["device_placement", "fia_padding", "host_param_update", "static_inputs", "refresh_device_buffers",
          "sync_before_replay", "sp_padding", "dp_sync",
-         "drafter_unpadded", "cp_kv_padding"], True)
+         "drafter_unpadded", "drafter_param_update", "cp_kv_padding"], True)
     f = s.features
     assert (f.sp.tp, f.dp.size, f.dp.batches, f.mtp.k, f.cp.size) == (1, 1, "equal", 0, 1)
     assert s.fia_contract == "strict" and s.tolerance is None and s.steps == 16
@@ -492,7 +492,7 @@ def test_json_schema_export():
     assert defs["GraphSpec"]["properties"]["mode"]["enum"] == [
         "NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
     assert defs["ModelSpec"]["additionalProperties"] is False
-    assert {"sp_padding", "dp_sync", "drafter_unpadded", "cp_kv_padding"} <= set(
+    assert {"sp_padding", "dp_sync", "drafter_unpadded", "drafter_param_update", "cp_kv_padding"} <= set(
         defs["Fixes"]["properties"])
     assert {"const": "pass", "type": "string"} in defs["Expect"]["anyOf"]
 
