@@ -73,6 +73,13 @@ class DispatchDecision:
     num_tokens_padded: int
     reason: str
 
+    @property
+    def graph_key(self) -> BatchDescriptor:
+        """The key of the graph that replays the batch (a FULL or PIECEWISE decision has one)."""
+        if self.batch_descriptor is None:
+            raise RuntimeError(f"a {self.runtime_mode} decision without a batch descriptor")
+        return self.batch_descriptor
+
 
 def is_uniform_decode(query_lens: Sequence[int], q: int) -> bool:
     """True when every request has exactly ``q = 1 + num_speculative_tokens`` new tokens.

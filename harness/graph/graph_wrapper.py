@@ -65,6 +65,13 @@ class ForwardContext:
     attn_metadata: Any = None
     capturing: bool = False
 
+    @property
+    def graph_key(self) -> BatchDescriptor:
+        """The key of the graph this forward captures or replays (a graph mode always has one)."""
+        if self.batch_descriptor is None:
+            raise RuntimeError(f"a {self.runtime_mode} forward without a batch descriptor")
+        return self.batch_descriptor
+
 
 _FORWARD_CONTEXT: ContextVar[ForwardContext | None] = ContextVar("harness_forward_context", default=None)
 

@@ -162,8 +162,8 @@ class EagerRunner:
 
     def execute(self, inputs: StepInputs) -> Tensor:
         meta, device = inputs.meta, self.kv_cache.device
-        logits = self.model(*_step_tensors(inputs.input_ids, meta, device), self.kv_cache,
-                            fia_attend(self.model, meta, _block_table(meta, device), self.style))
+        logits: Tensor = self.model(*_step_tensors(inputs.input_ids, meta, device), self.kv_cache,
+                                    fia_attend(self.model, meta, _block_table(meta, device), self.style))
         return logits[: meta.num_actual_tokens]
 
 
@@ -261,7 +261,8 @@ class GraphRunner:
             query, residual = outs
             attn_out = self._attention(layer, query)
             outs = self.pieces[layer + 1](attn_out, residual, positions, slot_mapping)
-        return outs[0]
+        hidden: Tensor = outs[0]
+        return hidden
 
     def _attention(self, layer: int, query: Tensor) -> Tensor:
         """Attention of ``layer`` as the forward context says: captured in a FULL graph's task
@@ -275,7 +276,7 @@ class GraphRunner:
             # vLLM ``_should_build_dummy_attn_metadata``): vLLM Ascend's attention returns zeros
             # (``if attn_metadata is None: return output.fill_(0)``), FIA is not called.
             if mode is CUDAGraphMode.PIECEWISE:
-                return self._attention_buffer(context.batch_descriptor, layer, query).zero_()
+                return self._attention_buffer(context.graph_key, layer, query).zero_()
             return torch.zeros_like(query)
         if mode is CUDAGraphMode.FULL and context.capturing and self.device_buffers:
             with fia_call_tags(layer=layer):
@@ -292,7 +293,7 @@ class GraphRunner:
                 task = capture_task_group(self.engine, query, key_cache, value_cache, kwargs,
                                           workspace=self.workspaces.get(num_tokens))
             self.workspaces.setdefault(num_tokens, task.workspace)
-            self.layer_tasks.setdefault(context.batch_descriptor, []).append(task)
+            self.layer_tasks.setdefault(context.graph_key, []).append(task)
             return style.combine(task.out, task.lse) if style.combine else task.out
         between = mode is CUDAGraphMode.PIECEWISE
         # Eager: NONE, between PIECEWISE pieces, or (known-bad) FIA frozen into a FULL capture
@@ -301,7 +302,7 @@ class GraphRunner:
             out = attend_live(query, key_cache, value_cache, live.meta, kwargs, style)
         if not between:
             return out
-        buffer = self._attention_buffer(context.batch_descriptor, layer, out)
+        buffer = self._attention_buffer(context.graph_key, layer, out)
         buffer.copy_(out)
         return buffer
 
@@ -363,7 +364,7 @@ class GraphRunner:
                                        "needed": needed, "failed": failed})
 
     # -- execution ---------------------------------------------------------------------------
-    def execute(self, plan: StepPlan, input_ids: list[int]) -> tuple[Tensor, list[dict] | None]:
+    def execute(self, plan: StepPlan, input_ids: list[int]) -> tuple[Tensor, list[dict[str, Any]] | None]:
         """Run one plan and wait for it; return the real rows' logits and the host lists the
         graph executed (a step of an engine without async scheduling)."""
         return self.resolve(self.launch(plan, input_ids))
@@ -397,7 +398,7 @@ class GraphRunner:
             return self._launched(logits[: meta.num_actual_tokens], sample_rows)
         self._write_static(StepInputs(meta, input_ids))
         self._fill_sampled(self.input_ids, fills, previous)
-        key, mode = decision.batch_descriptor, decision.runtime_mode
+        key, mode = decision.graph_key, decision.runtime_mode
         live = self._live(meta, self.block_table)
         if self.device_buffers and mode is CUDAGraphMode.FULL:
             self._refresh_device_buffers(meta, kv_lengths=self.config.fixes.refresh_device_buffers)
@@ -425,7 +426,7 @@ class GraphRunner:
                                     self.seq_lens[: meta.num_reqs_padded].clone())
         return launched
 
-    def resolve(self, launched: Launched) -> tuple[Tensor, list[dict] | None]:
+    def resolve(self, launched: Launched) -> tuple[Tensor, list[dict[str, Any]] | None]:
         """Wait for a launched step: its logits on the host, and the host lists its FULL graph
         executed (None where no FULL graph ran)."""
         if launched.ready is None:
@@ -528,7 +529,7 @@ class GraphRunner:
                 observe_device_lengths(key.num_tokens, cumulative, kv, tuple(self.block_table.shape),
                                        self.heads.block_size)
 
-    def _executed(self, launched: Launched) -> list[dict] | None:
+    def _executed(self, launched: Launched) -> list[dict[str, Any]] | None:
         """The lengths each layer's attention ran with in the launched replay, where they can be
         known: the emulator reads them off the ops it ran; device buffers are read from the copy
         taken right after the replay; else None (the text is the evidence)."""
