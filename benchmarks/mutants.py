@@ -40,6 +40,7 @@ RULES: dict[str, str] = {
     "sp_rounding": "SP: T is a multiple of tp even in eager mode",
     "mtp_acceptance": "MTP: greedy acceptance of the longest agreeing draft prefix",
     "drafter_metadata": "MTP: the drafter runs on its own unpadded metadata",
+    "drafter_graphs": "MTP: a FULL draft graph gets every round's FIA host lists after each replay",
     "cp_zero_padding": "CP: per-rank KV lengths, zero-padded for the padding tokens",
     "cp_lse_merge": "CP: partial outputs merged by their softmax LSE",
     "budget_formula": "legacy stream budget: the update_aclgraph_sizes formula",
@@ -66,6 +67,7 @@ _A = "harness/ops/attention.py"
 _DP = "harness/features/dp.py"
 _PL = "harness/graph/pipeline.py"
 _DR = "harness/graph/drafter.py"
+_DGR = "harness/graph/draft_runner.py"
 _CP = "harness/model/context_parallel.py"
 _SB = "harness/graph/stream_budget.py"
 _CS = "harness/graph/capture_sizes.py"
@@ -274,11 +276,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "        start = end - 1 if is_decode else min(seen.get(req.req_id, 0), window)",
            "the drafter's first round feeds only the last token, skipping tokens it has not seen",
            ("tests/graph/test_drafter.py",)),
-    Mutant("drafter-no-rewind", "drafter_metadata", _DR,
-           "            self.seen[r.req_id] = min(self.seen.get(r.req_id, 0), valid)",
-           "            self.seen[r.req_id] = self.seen.get(r.req_id, 0)",
-           "the drafter keeps the KV entries of rejected drafts",
-           ("tests/graph/test_drafter.py",)),
+    Mutant("draft-update-first-round", "drafter_graphs", _DGR,
+           "*caches[layer], lives[round_].kwargs,",
+           "*caches[layer], lives[0].kwargs,",
+           "after a FULL draft replay every round's graph gets the first round's FIA host lists",
+           ("tests/graph/test_draft_graphs.py",)),
     # -- CP ------------------------------------------------------------------------------------------
     Mutant("cp-kv-padded-with-one", "cp_zero_padding", _CP,
            "        actual_seq_lengths_kv=kv_lens + ([0] * pad if pad_kv_lengths else []),",

@@ -166,7 +166,10 @@ class Drafter:
                 rounds, self.last = self.graphs.propose(batch, plan, eager=lambda: self._eager(batch, plan, fix_on))
             else:
                 rounds = self._eager(batch, plan, fix_on)
-        for req in batch.requests:  # the rounds wrote draft KV up to seq_len + k - 2
+        # The rounds wrote draft KV up to seq_len + k - 2. No rewind after the target's verdict:
+        # the next step's window re-feeds the last 1 + k known tokens, which covers every position
+        # a rejected draft wrote (as upstream's proposer, which reruns on the accepted tokens).
+        for req in batch.requests:
             self.seen[req.req_id] = req.seq_len + self.k - 1
         return {req.req_id: [r[i] for r in rounds]
                 for i, (req, is_decode) in enumerate(zip(batch.requests, batch.decodes)) if is_decode}
@@ -186,12 +189,6 @@ class Drafter:
                 logits = runner.execute(StepInputs(meta, drafts[-1]))
             drafts.append([int(t) for t in logits.argmax(dim=-1).tolist()])
         return drafts
-
-    def rewind(self, step: Step, advanced: dict[str, int]) -> None:
-        """Keep only the drafter's KV entries that the target accepted."""
-        for r in step.requests:
-            valid = r.num_computed_tokens + advanced[r.req_id]
-            self.seen[r.req_id] = min(self.seen.get(r.req_id, 0), valid)
 
 
 def _lengths_from(meta: AttentionMetadata, padded: AttentionMetadata) -> AttentionMetadata:

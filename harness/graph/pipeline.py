@@ -368,8 +368,6 @@ class Stepper:
             stats = self.record.speculation.setdefault(name, {"proposed": 0, "accepted": 0})
             stats["proposed"] += sum(len(d) for d in drafts.values())
             stats["accepted"] += sum(advanced[r] - 1 for r in drafts)
-        if path.drafter is not None:
-            path.drafter.rewind(step, advanced)
         path.batcher.commit(step, advanced, generated)
 
     def _launch(self, path: Path, step: Step | None, plan: StepPlan, rec: StepRecord, inputs: StepInputs,

@@ -1,7 +1,7 @@
 """The drafter's own metadata: a drafter that IS the target must have every draft accepted.
 
-Speculative decoding is lossless, so a drafter bug (wrong rows read, unseen tokens skipped, a
-rewind that keeps rejected drafts) never changes the output the equality check compares: it only
+Speculative decoding is lossless, so a drafter bug (wrong rows read, unseen tokens skipped)
+never changes the output the equality check compares: it only
 lowers the acceptance. With the drafter cut to all of the target's layers, its greedy proposals
 are the target's own greedy tokens, so anything below 100% acceptance is a drafter bug.
 """
