@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from harness.engine.protocol import Engine
+from harness.graph.acceptance import accept
 from harness.graph.capability import AttentionPath
 from harness.graph.draft_runner import DraftGraphConfig, DraftGraphRunner
 from harness.graph.drafter import Drafter, draft_model
@@ -195,8 +196,8 @@ def plain_greedy_texts(spec: PipelineSpec, model: DecoderLM) -> tuple[dict[str, 
             continue
         meta = build_attention_metadata(step.requests, spec.model.block_size, spec.max_blocks_per_req)
         logits = runner.execute(step_inputs(step, path.tokens, meta, {}))
-        advanced, generated, _, _ = accept(step, meta, logits, path.tokens, {}, path.batcher)
-        path.batcher.commit(step, advanced, generated)
+        step_out = accept(step, meta, logits, path.tokens, {}, path.batcher)
+        path.batcher.commit(step, step_out.advanced, step_out.generated)
     return {req: ids[path.prompt_lengths[req]:] for req, ids in path.tokens.items()}, path.batcher.unfinished()
 
 
@@ -361,14 +362,13 @@ class Stepper:
             return
         assert step is not None
         rec.logits[name] = logits = logits.cpu()  # the record's evidence lives on the host
-        advanced, generated, sampled, rec.generated[name] = accept(step, plan.meta, logits, path.tokens, drafts,
-                                                                   path.batcher)
-        rec.sampled[name] = sampled
+        step_out = accept(step, plan.meta, logits, path.tokens, drafts, path.batcher)
+        rec.sampled[name], rec.generated[name] = step_out.sampled, step_out.verified
         if drafts:
             stats = self.record.speculation.setdefault(name, {"proposed": 0, "accepted": 0})
             stats["proposed"] += sum(len(d) for d in drafts.values())
-            stats["accepted"] += sum(advanced[r] - 1 for r in drafts)
-        path.batcher.commit(step, advanced, generated)
+            stats["accepted"] += sum(step_out.advanced[r] - 1 for r in drafts)
+        path.batcher.commit(step, step_out.advanced, step_out.generated)
 
     def _launch(self, path: Path, step: Step | None, plan: StepPlan, rec: StepRecord, inputs: StepInputs,
                 previous: InFlight | None) -> None:
@@ -449,40 +449,6 @@ def step_inputs(step: Step | None, tokens: dict[str, list[int]], meta: Attention
         ids.extend(known + drafts.get(req.req_id, [])[: req.num_new_tokens - len(known)])
     ids.extend([0] * (meta.num_input_tokens - len(ids)))
     return StepInputs(meta, ids)
-
-
-def accept(step: Step, meta: AttentionMetadata, logits: torch.Tensor, tokens: dict[str, list[int]],
-           drafts: dict[str, list[int]], batcher: Any) -> tuple[dict[str, int], dict[str, int], list[int], list[list[int]]]:
-    """Greedy sampling, and greedy acceptance of draft tokens (the longest agreeing prefix).
-
-    Returns, per request, the KV entries the step made valid, the number of tokens it generated,
-    the first greedy token of each request, and the greedy tokens up to the first rejected draft
-    (what the per-step comparison looks at: two paths whose bonus tokens differ part there).
-    """
-    advanced: dict[str, int] = {}
-    generated: dict[str, int] = {}
-    firsts: list[int] = []
-    verified: list[list[int]] = []
-    starts = meta.query_start_loc
-    greedy = logits.argmax(dim=-1).tolist()  # one host read of the step's tokens
-    for i, req in enumerate(step.requests):
-        rows = greedy[starts[i] : starts[i + 1]]
-        proposal = drafts.get(req.req_id, [])
-        known = tokens[req.req_id]
-        if proposal:  # verify: rows[j] is the target's token after input j
-            accepted = 0
-            while accepted < len(proposal) and proposal[accepted] == rows[accepted]:
-                accepted += 1
-            new = rows[: accepted + 1][: batcher.remaining_output(req.req_id)]
-            known.extend(new)
-            advanced[req.req_id], generated[req.req_id] = accepted + 1, len(new)
-        else:
-            if req.seq_len == len(known):  # the step reached the end of the known text
-                known.append(int(rows[-1]))
-            advanced[req.req_id], generated[req.req_id] = req.num_new_tokens, 1
-        firsts.append(int(rows[-1] if not proposal else rows[0]))
-        verified.append([int(t) for t in rows[: advanced[req.req_id]]] if proposal else [int(rows[-1])])
-    return advanced, generated, firsts, verified
 
 
 def _descriptor(plan: StepPlan) -> dict[str, Any] | None:
