@@ -24,6 +24,10 @@ vLLM Ascend:
 
 Each fix of the runner has a switch (:class:`Fixes`), so a known-bad scenario can turn one
 off and show that the harness catches the bug it prevents.
+
+Over 500 lines on purpose: capture, both attention paths and launch/resolve share the static
+buffers, the wrappers and the pool, and vLLM keeps them in one model runner too; the parts that
+stand alone already live beside it (wrappers, dispatch, metadata, the drafter's graphs).
 """
 
 from __future__ import annotations

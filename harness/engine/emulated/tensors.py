@@ -26,6 +26,9 @@ captured, as on a device.
 The cost is one Python dispatch per device operation (about 7 µs on the CPUs this project runs
 on), measured in ``benchmarks/README.md``. A process that has loaded torch_npu already owns the
 ``npu`` device: the emulator then refuses to start (:func:`install`).
+
+Over 500 lines on purpose: the placement rules, the short dispatch path and the general one
+read the same per-operation rule table and must change together; each op's rule is a few lines.
 """
 
 from __future__ import annotations
