@@ -66,6 +66,7 @@ _R = "harness/graph/runner.py"
 _A = "harness/ops/attention.py"
 _DP = "harness/features/dp.py"
 _PL = "harness/graph/pipeline.py"
+_ACC = "harness/graph/acceptance.py"
 _DR = "harness/graph/drafter.py"
 _DGR = "harness/graph/draft_runner.py"
 _CP = "harness/model/context_parallel.py"
@@ -256,14 +257,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "SP's eager rounding written as floor + 1: a batch already a multiple of tp gets tp more tokens",
            ("scenarios/rules/sp_padding.yaml",)),
     # -- MTP ---------------------------------------------------------------------------------------
-    Mutant("mtp-accept-shifted", "mtp_acceptance", _PL,
+    Mutant("mtp-accept-shifted", "mtp_acceptance", _ACC,
            "proposal[accepted] == rows[accepted]",
            "proposal[accepted] == rows[accepted + 1]",
            "each draft compared with the target's token one position later",
            ("scenarios/rules/mtp_padding.yaml",)),
-    Mutant("mtp-advance-all-drafts", "mtp_acceptance", _PL,
-           "            advanced[req.req_id], generated[req.req_id] = accepted + 1, len(new)",
-           "            advanced[req.req_id], generated[req.req_id] = len(proposal) + 1, len(new)",
+    Mutant("mtp-advance-all-drafts", "mtp_acceptance", _ACC,
+           "            out.advanced[req.req_id], out.generated[req.req_id] = accepted + 1, len(new)",
+           "            out.advanced[req.req_id], out.generated[req.req_id] = len(proposal) + 1, len(new)",
            "every draft's KV entry kept as valid, accepted or not",
            ("scenarios/rules/mtp_padding.yaml",)),
     Mutant("drafter-rows-off-by-one", "drafter_metadata", _DR,
