@@ -322,7 +322,7 @@ class Stepper:
             reference_metadata=_host_lists(meta),
         )
         if previous is not None:  # keep what the reference path already put there
-            rec.sampled, rec.generated = previous.sampled, previous.generated
+            rec.sampled, rec.generated, rec.proposed = previous.sampled, previous.generated, previous.proposed
             rec.logits, rec.seconds = previous.logits, previous.seconds
         return rec
 
@@ -365,6 +365,7 @@ class Stepper:
         step_out = accept(step, plan.meta, logits, path.tokens, drafts, path.batcher)
         rec.sampled[name], rec.generated[name] = step_out.sampled, step_out.verified
         if drafts:
+            rec.proposed[name] = drafts
             stats = self.record.speculation.setdefault(name, {"proposed": 0, "accepted": 0})
             stats["proposed"] += sum(len(d) for d in drafts.values())
             stats["accepted"] += sum(step_out.advanced[r] - 1 for r in drafts)

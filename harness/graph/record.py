@@ -93,6 +93,7 @@ class StepRecord:
     # path -> per request, the greedy tokens the step's rows gave up to the first rejected draft
     # (spec decode: the accepted drafts and the bonus token; otherwise the sampled token)
     generated: dict[str, list[list[int]]] = field(default_factory=dict)
+    proposed: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # path -> req -> draft tokens verified
     logits: dict[str, Any] = field(default_factory=dict)  # path -> real-row logits (not serialised)
     executed: list[dict[str, Any]] | None = None  # per layer: host lists the graph executed
     host_lists_unverifiable: bool = False  # a FULL replay on a backend that cannot report them

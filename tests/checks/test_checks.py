@@ -154,6 +154,27 @@ def test_a_tie_on_a_bonus_token_parts_the_paths_though_their_first_tokens_agree(
     assert result.details["ties"][0]["tokens"] == {"padded": [[0, 1]], "reference": [[0, 2]]}
 
 
+def test_paths_whose_drafters_part_at_a_tie_are_compared_up_to_there_unless_bitwise():
+    # A TP rank's bf16 draft model against the unsplit one may propose another token: the verify
+    # rows after the first then read different inputs, and later steps differ in shape.
+    logits = torch.tensor([[3.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0]])
+    record = RunRecord("FULL", "emulated", [2])
+    record.steps = [
+        _step(0, logits={"reference": logits, "padded": logits + 1, "graph": logits + 1},
+              sampled={"reference": [0], "padded": [0], "graph": [0]}),
+        _step(1, logits={"reference": torch.zeros(1, 4), "padded": torch.ones(3, 4), "graph": torch.ones(3, 4)},
+              sampled={"reference": [0], "padded": [1], "graph": [1]}),
+    ]
+    record.steps[0].requests = [("a", 4, 2)]
+    record.steps[0].proposed = {"reference": {"a": [1]}, "padded": {"a": [2]}, "graph": {"a": [2]}}
+    result = check_equality(record, dtype="bfloat16", bitwise_replay=True)
+    assert result.passed and "padded vs reference proposed different drafts at step 0" in result.summary
+    # graph against padded is bitwise: drafts that differ there are a bug, compared as ever
+    record.steps[0].proposed["graph"] = {"a": [1]}
+    record.steps[1].logits["graph"] = torch.zeros(1, 4)
+    assert not check_equality(record, dtype="bfloat16", bitwise_replay=True).passed
+
+
 def test_speculative_text_must_equal_plain_greedy_unless_the_step_limit_cut_it_short():
     record = RunRecord("FULL", "emulated", [2])
     record.texts = {"reference": {"a": [5, 6, 7]}, "graph": {"a": [5, 6, 7]}, "plain": {"a": [5, 6, 7, 8, 9]}}
