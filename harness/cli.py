@@ -41,16 +41,8 @@ def _diff(args: argparse.Namespace) -> int:
     except (ResultsFileError, ValueError) as error:
         print(f"graph-harness diff: {error}", file=sys.stderr)
         return 2
-    text = RENDERERS[args.format](diff)
-    if args.output:
-        try:
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.output).write_text(text)
-        except OSError as error:
-            print(f"graph-harness diff: cannot write {args.output}: {error.strerror or error}", file=sys.stderr)
-            return 2
-    else:
-        sys.stdout.write(text)
+    if not _write("diff", RENDERERS[args.format](diff), args.output):
+        return 2
     return diff.exit_status
 
 
@@ -64,17 +56,24 @@ def _verdicts(args: argparse.Namespace) -> int:
         print(f"graph-harness verdicts: {error}", file=sys.stderr)
         return 2
     render = render_markdown if args.format == "markdown" else render_text
-    text = render(rows, other, reference).rstrip("\n") + "\n"
-    if args.output:
-        try:
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.output).write_text(text)
-        except OSError as error:
-            print(f"graph-harness verdicts: cannot write {args.output}: {error.strerror or error}", file=sys.stderr)
-            return 2
-    else:
-        sys.stdout.write(text)
+    if not _write("verdicts", render(rows, other, reference).rstrip("\n") + "\n", args.output):
+        return 2
     return 1 if differences(rows) else 0
+
+
+def _write(command: str, text: str, output: str | None) -> bool:
+    """``text`` to the ``--output`` file, or to standard output; False (said on stderr) when the
+    file cannot be written."""
+    if not output:
+        sys.stdout.write(text)
+        return True
+    try:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(text)
+    except OSError as error:
+        print(f"graph-harness {command}: cannot write {output}: {error.strerror or error}", file=sys.stderr)
+        return False
+    return True
 
 
 def _narrow(args: argparse.Namespace) -> int:

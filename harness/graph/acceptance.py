@@ -29,15 +29,18 @@ class Accepted:
     """What a step gave, per request.
 
     ``advanced``: the KV entries the step made valid; ``generated``: how many tokens it added to
-    the text; ``sampled``: the first greedy token of each request, in step order; ``verified``:
-    the greedy tokens up to the first rejected draft (the accepted drafts and the bonus token;
-    without drafts, the sampled token). The per-step comparison looks at ``verified``: two paths
-    whose bonus tokens differ part there."""
+    the text; ``verified``: the greedy tokens up to the first rejected draft, in step order (the
+    accepted drafts and the bonus token; without drafts, the sampled token). The per-step
+    comparison looks at ``verified``: two paths whose bonus tokens differ part there."""
 
     advanced: dict[str, int] = field(default_factory=dict)
     generated: dict[str, int] = field(default_factory=dict)
-    sampled: list[int] = field(default_factory=list)
     verified: list[list[int]] = field(default_factory=list)
+
+    @property
+    def sampled(self) -> list[int]:
+        """The first greedy token of each request (what reports show per step)."""
+        return [tokens[0] for tokens in self.verified]
 
 
 def accept(step: Step, meta: AttentionMetadata, logits: torch.Tensor, tokens: dict[str, list[int]],
@@ -59,12 +62,10 @@ def accept(step: Step, meta: AttentionMetadata, logits: torch.Tensor, tokens: di
             new = rows[: accepted + 1][: budget.remaining_output(req.req_id)]
             known.extend(new)
             out.advanced[req.req_id], out.generated[req.req_id] = accepted + 1, len(new)
-            out.sampled.append(int(rows[0]))
             out.verified.append([int(t) for t in rows[: accepted + 1]])
         else:
             if req.seq_len == len(known):  # the step reached the end of the known text
                 known.append(int(rows[-1]))
             out.advanced[req.req_id], out.generated[req.req_id] = req.num_new_tokens, 1
-            out.sampled.append(int(rows[-1]))
             out.verified.append([int(rows[-1])])
     return out

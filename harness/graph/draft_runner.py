@@ -409,10 +409,7 @@ class DraftGraphRunner:
 
     def release(self) -> None:
         for wrapper in [*self.piece_wrappers, *([self.full_wrapper] if self.full_wrapper else [])]:
-            for entry in wrapper.entries.values():
-                if entry.graph is not None:
-                    entry.graph.reset()
-            wrapper.entries.clear()
+            wrapper.reset()
         self.tasks.clear()
         self.workspaces.clear()
         self.attn_outputs.clear()

@@ -207,6 +207,13 @@ class GraphWrapper:
     def num_captured(self) -> int:
         return sum(1 for entry in self.entries.values() if entry.graph is not None)
 
+    def reset(self) -> None:
+        """Give back every graph this wrapper captured (the runner's release at the end of a run)."""
+        for entry in self.entries.values():
+            if entry.graph is not None:
+                entry.graph.reset()
+        self.entries.clear()
+
     def graph_of(self, batch_descriptor: BatchDescriptor) -> Any:
         """The captured graph of ``batch_descriptor`` (a ``KeyError`` names the key if none)."""
         entry = self.entries.get(batch_descriptor)

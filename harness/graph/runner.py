@@ -554,10 +554,7 @@ class GraphRunner:
         if self.drafter is not None:
             self.drafter.release()
         for wrapper in [*self.piece_wrappers, *([self.full_wrapper] if self.full_wrapper else [])]:
-            for entry in wrapper.entries.values():
-                if entry.graph is not None:
-                    entry.graph.reset()
-            wrapper.entries.clear()
+            wrapper.reset()
         self.layer_tasks.clear()
         self.workspaces.clear()
         self.attn_outputs.clear()
