@@ -241,10 +241,15 @@ class ScenarioItem(pytest.Item):
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]):  # type: ignore[override]
         # A verdict (failed, or known-bad and failed as expected) is explained by the record;
         # pytest's traceback of the harness frames that raised it would explain nothing.
+        where = f"{os.path.relpath(self.path, self.config.invocation_params.dir)}:{self.point.source.line or 1}"
+        if isinstance(excinfo.value, pytest.fail.Exception) and str(excinfo.value).startswith("Timeout"):
+            # pytest-timeout's alarm (timeout_s): it printed the stack it interrupted. pytest's own
+            # traceback of that stack is noise, and crashes (an INTERNALERROR that ends the session)
+            # when the alarm lands on an instruction without a line number (Python 3.11).
+            return f"{where}: {excinfo.value} (the item's time limit: timeout_s)"
         if isinstance(excinfo.value, (ScenarioFailed, pytest.xfail.Exception)) and self.record:
             from harness.report.terminal import failure_text
 
-            where = f"{os.path.relpath(self.path, self.config.invocation_params.dir)}:{self.point.source.line or 1}"
             text = failure_text(self.record, where=where, path=str(self.path), locate=locate)
             if self.record.get("traceback"):
                 text += "\n" + self.record["traceback"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch.distributed  # noqa: F401 - every multi-rank job creates a process group
 
 import harness.engine.emulated  # noqa: F401 - the default backend: every rank loads it
-import harness.session  # noqa: F401 - the scenario rank job's module
+import harness.executor  # noqa: F401 - the scenario rank job's module
 from harness.features import registry
 
 registry()  # the scan of installed feature plugins (tens of ms), cached per sys.path

@@ -18,42 +18,48 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from harness import features as registry
-from harness.engine.protocol import CAPABILITIES, Capabilities
-from harness.features import Feature, active_features
+from harness.engine.protocol import CAPABILITIES, Capabilities, DeviceRules, StreamConfig
+from harness.features import Feature, ItemFeatures, active_features
 from harness.graph.capability import ATTENTION_BACKENDS, AttentionPathUnavailable, Resolution, resolve
 from harness.graph.capture_sizes import EngineRefusal, SizeResolution, resolve_sizes
 from harness.graph.modes import CUDAGraphMode, parse_mode, resolve_mode
-from harness.graph.plan import dummy_request_lens
 from harness.graph.stream_budget import BudgetDecision, stream_budget
 from harness.model.config import ModelConfig
 from harness.scenario import Scenario
 from harness.scenario.bounds import MAX_WORLD_SIZE
 from harness.stacks import StackProfile, profile
 
-__all__ = ["ItemProblem", "PointSkipped", "ResolvedItem", "legacy_budget_inputs", "model_config", "resolve_item",
-           "scenario_features"]
+__all__ = ["ItemProblem", "PointSkipped", "ResolvedItem", "resolve_item", "scenario_features"]
 
 
 class PointSkipped(Exception):
     """A point that cannot run (not a bad file): the real engine refuses to start with it, the
     harness does not model it, or this backend lacks what it needs. The item is skipped with
-    ``reason``."""
+    its ``reason``."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    @property
+    def reason(self) -> str:
+        return str(self.args[0])
 
 
 class ItemProblem(ValueError):
-    """A scenario the harness cannot run as written (a bad file): the field to change, and why.
+    """A scenario the harness cannot run as written (a bad file): ``ItemProblem(field, message)``,
+    the field to change and why.
 
     Raised where the schema cannot see the problem (the feature registry, the model's rules,
     the capture sizes a feature leaves); collection turns it into an error naming the file,
     the line of ``field`` and the message."""
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field, self.message = field, message
+    @property
+    def field(self) -> str:
+        return str(self.args[0])
+
+    @property
+    def message(self) -> str:
+        return str(self.args[1])
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,12 @@ class ResolvedItem:
     sizes: SizeResolution  # capture sizes before the stream budget, with the engine's notes
     budget: BudgetDecision  # the stream-budget policy's cut
     model: ModelConfig
+    streams: StreamConfig  # the device's stream pool, and what a graph and a comm group take of it
+    device_rules: DeviceRules  # the stack's torch_npu rules, as the engine's options
+    # The scenario's dispatch table as plain rows for the dispatch-table check, the rows of
+    # another stack left out (``for_stack``). Data, not the scenario's rows: a row pins the
+    # fields its file named, which a scenario that travelled to a rank no longer knows.
+    dispatch_rows: tuple[dict[str, Any], ...] = ()
 
     @property
     def mode(self) -> CUDAGraphMode:
@@ -99,14 +111,6 @@ def scenario_features(scenario: Scenario) -> list[Feature]:
     return active_features(settings, scenario.fixes.model_dump())
 
 
-def model_config(scenario: Scenario) -> ModelConfig:
-    m = scenario.model
-    return ModelConfig(kind=m.kind, num_layers=m.layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
-                       num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, vocab_size=m.vocab_size,
-                       dtype=m.dtype, seed=m.seed, block_size=m.block_size, num_blocks=m.num_blocks,
-                       max_model_len=m.max_model_len)
-
-
 def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract: str | None = None,
                  stack: str | None = None) -> ResolvedItem:
     """Resolve ``scenario`` for ``backend`` (a resolved name: emulated, cuda or npu).
@@ -114,21 +118,36 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
     ``fia_contract`` overrides the scenario's contract (``--fia-contract``); ``stack`` is the
     profile of a scenario that names none (``--stack``). Raises :class:`ItemProblem` for what the
     harness cannot run as written (checked first, so a bad file is reported even where the point
-    would be skipped) and :class:`PointSkipped` for a point that cannot run."""
+    would be skipped) and :class:`PointSkipped` for a point that cannot run.
+
+    Each decision calls the module that owns it, once, in the engine's order: the features, the
+    stack, the platform's start-up rules, the attention backend's support, the capture sizes,
+    the stream budget."""
     if fia_contract is not None:
         scenario = scenario.model_copy(update={"fia_contract": fia_contract})
     if stack is not None and scenario.stack is None:
         scenario = scenario.model_copy(update={"stack": profile(stack).name})
-    capabilities = CAPABILITIES[backend]
+    m, g, engine = scenario.model, scenario.graph, scenario.engine
     try:
-        features = tuple(scenario_features(scenario))
+        model = ModelConfig(kind=m.kind, num_layers=m.layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
+                            num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, vocab_size=m.vocab_size,
+                            dtype=m.dtype, seed=m.seed, block_size=m.block_size, num_blocks=m.num_blocks,
+                            max_model_len=m.max_model_len)
+    except ValueError as error:
+        named = next((f for f in type(m).model_fields if f in str(error)), None)
+        raise ItemProblem(f"model.{named}" if named else "model", str(error)) from None
+    try:
+        needs: ItemFeatures = registry.item_features(
+            {name: getattr(scenario.features, name) for name in scenario.features.model_dump()},
+            scenario.fixes.model_dump(), scenario.model_dump(mode="json"), model)
     except ValueError as error:
         raise ItemProblem("features", str(error)) from None
-    model = _model(scenario, features)
-    skip = _unsupported(scenario, features)
+    if needs.model_problem is not None:
+        raise ItemProblem(*needs.model_problem)
+    skip, q = needs.unsupported, needs.uniform_decode_query_len
     stack_profile = profile(scenario.stack)
-    q = registry.uniform_decode_query_len(list(features))
-    g = scenario.graph
+    refused = f"the real engine refuses to start (stack {stack_profile.name}): "
+    capabilities = CAPABILITIES[backend]
     # the platform's start-up rules first (compilation mode, FULL_AND_PIECEWISE on older releases),
     # then the attention backend's support: vLLM's model runner resolves after the platform
     startup = resolve_mode(parse_mode(g.mode), compilation_mode=g.compilation_mode, platform=g.platform,
@@ -139,93 +158,45 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
                         task_updates=capabilities.task_updates, metadata=g.attention_metadata,
                         splitting_ops_contain_attention=g.compilation_mode == "VLLM_COMPILE")
     except EngineRefusal as refusal:
-        raise PointSkipped(skip or _refused(refusal, stack_profile)) from None
+        raise PointSkipped(skip or f"{refused}{refusal}") from None
     except AttentionPathUnavailable as unavailable:
         raise PointSkipped(skip or f"unsupported on {backend}: {unavailable}") from None
     graph = replace(graph, requested=startup.requested, warnings=startup.notes + graph.warnings)
     try:
         sizes = resolve_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform, num_speculative_tokens=q - 1,
-                              graphs=graph.mode is not CUDAGraphMode.NONE,
-                              capture_sizes=g.capture_sizes, max_capture_size=g.max_capture_size,
+                              graphs=graph.graphs, capture_sizes=g.capture_sizes, max_capture_size=g.max_capture_size,
                               max_num_batched_tokens=scenario.workload.max_num_batched_tokens,
-                              constraints=registry.size_constraints(list(features)),
-                              decode_full=graph.mode.decode_mode() is CUDAGraphMode.FULL,
+                              constraints=needs.size_constraints, decode_full=graph.decode_full,
                               spec_sp_multiple=stack_profile.spec_sp_multiple,
                               capture_max_num_batched_tokens=stack_profile.capture_max_num_batched_tokens,
-                              capture_max_num_seqs=stack_profile.capture_max_num_seqs)
+                              capture_max_num_seqs=stack_profile.capture_max_num_seqs,
+                              mixed_graphs=graph.mixed_graphs, max_model_len=model.max_model_len)
     except EngineRefusal as refusal:
-        raise PointSkipped(skip or _refused(refusal, stack_profile)) from None
+        raise PointSkipped(skip or f"{refused}{refusal}") from None
     except ValueError as error:
         field = "graph.max_capture_size" if "max_cudagraph_capture_size" in str(error) else "graph.capture_sizes"
         raise ItemProblem(field, str(error)) from None
-    _check_dummy_batches(scenario, graph.mode, sizes.sizes, model)
     if not skip and g.async_scheduling and q > 1:
         skip = ("graph.async_scheduling with speculative decoding: the harness does not model it (the drafter's "
                 "inputs would come from unread accepted tokens)")
     if skip:
         raise PointSkipped(skip)
-    policy = scenario.engine.budget_policy or stack_profile.budget_policy
+    policy = engine.budget_policy or stack_profile.budget_policy
+    # what vLLM Ascend's legacy formula reads from a deployment (features add theirs)
+    legacy = dict(num_layers=m.layers, mode=graph.mode, hccl_mode=engine.hccl_mode,
+                  release=stack_profile.legacy_budget, **needs.budget_inputs) if policy == "legacy" else {}
     try:
-        budget = stream_budget(policy, sizes.sizes, **legacy_budget_inputs(scenario, features, graph.mode,
-                                                                           stack_profile, policy))
+        budget = stream_budget(policy, sizes.sizes, **legacy)
     except EngineRefusal as refusal:  # v0.18.0's update_aclgraph_sizes crashes when it keeps one size
-        raise PointSkipped(_refused(refusal, stack_profile)) from None
-    world = registry.world_size(list(features))
-    if world > MAX_WORLD_SIZE:
-        raise ItemProblem("features", f"the features need {world} ranks (one process each), above the maximum "
-                                      f"world size of {MAX_WORLD_SIZE}")
-    return ResolvedItem(scenario, backend, capabilities, stack_profile, features, world, q, graph, sizes, budget,
-                        model)
-
-
-def _unsupported(scenario: Scenario, features: tuple[Feature, ...]) -> str | None:
-    """Why a feature cannot run this point (the harness does not model it, or the real engine
-    refuses), else None."""
-    data = scenario.model_dump(mode="json")
-    for feature in features:
-        reason = feature.unsupported(data)
-        if reason:
-            return f"{feature.name}: {reason}"
-    return None
-
-
-def _refused(refusal: EngineRefusal, stack: StackProfile) -> str:
-    return f"the real engine refuses to start (stack {stack.name}): {refusal}"
-
-
-def legacy_budget_inputs(scenario: Scenario, features: tuple[Feature, ...], mode: CUDAGraphMode,
-                         stack: StackProfile, policy: str) -> dict[str, Any]:
-    """What vLLM Ascend's legacy budget formula reads from a deployment (features add theirs);
-    nothing for another policy."""
-    if policy != "legacy":
-        return {}
-    return dict(num_layers=scenario.model.layers, mode=mode, hccl_mode=scenario.engine.hccl_mode,
-                release=stack.legacy_budget, **registry.budget_inputs(list(features)))
-
-
-def _model(scenario: Scenario, features: tuple[Feature, ...]) -> ModelConfig:
-    """The model config, and a model every feature can split (else the field to change)."""
-    try:
-        config = model_config(scenario)
-    except ValueError as error:
-        fields = type(scenario.model).model_fields
-        named = next((f for f in fields if f in str(error)), None)
-        raise ItemProblem(f"model.{named}" if named else "model", str(error)) from None
-    problem = registry.model_problem(features, config)
-    if problem is not None:
-        raise ItemProblem(*problem)
-    return config
-
-
-def _check_dummy_batches(scenario: Scenario, mode: CUDAGraphMode, sizes: list[int], model: ModelConfig) -> None:
-    """A mixed graph is captured on a dummy batch (vLLM's ``_dummy_run``): none may outgrow
-    ``max_model_len``, or the capture runs a shape no real batch has."""
-    if mode.mixed_mode() is CUDAGraphMode.NONE:
-        return
-    seqs, max_len = scenario.graph.max_num_seqs, model.max_model_len
-    for size in sizes:
-        if (longest := max(dummy_request_lens(size, seqs))) > max_len:
-            raise ItemProblem("graph.capture_sizes", (
-                f"capture size {size} with graph.max_num_seqs {seqs} is captured on a dummy request of "
-                f"{longest} tokens, above model.max_model_len {max_len}: no real batch has that shape; "
-                "drop the size or raise max_num_seqs"))
+        raise PointSkipped(f"{refused}{refusal}") from None
+    if needs.world_size > MAX_WORLD_SIZE:
+        raise ItemProblem("features", f"the features need {needs.world_size} ranks (one process each), above the "
+                                      f"maximum world size of {MAX_WORLD_SIZE}")
+    streams = StreamConfig(engine.stream_pool, engine.streams_per_graph, 1 if engine.hccl_mode == "AIV" else 2)
+    rules = DeviceRules(rng_in_capture=stack_profile.rng_in_capture,
+                        capture_survives_rejected_sync=stack_profile.capture_survives_rejected_sync,
+                        generator_registration=stack_profile.generator_registration)
+    rows = tuple({**row.pinned(), "step": row.step, "rank": row.rank, "for_mode": row.for_mode, "index": i}
+                 for i, row in enumerate(scenario.expect.dispatch or ()) if row.for_stack in (None, stack_profile.name))
+    return ResolvedItem(scenario, backend, capabilities, stack_profile, needs.features, needs.world_size, q, graph,
+                        sizes, budget, model, streams, rules, rows)

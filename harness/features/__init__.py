@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
@@ -110,6 +111,30 @@ def model_problem(features: Iterable[Feature], config: ModelConfig) -> tuple[str
     return next((problem for f in features if (problem := f.model_problem(config)) is not None), None)
 
 
+@dataclass(frozen=True)
+class ItemFeatures:
+    """An item's enabled features and everything its resolution asks of them, read in one pass
+    (:func:`harness.resolve.resolve_item` reads nothing else of a feature)."""
+
+    features: tuple[Feature, ...]
+    uniform_decode_query_len: int  # q = 1 + the draft tokens a request verifies per step
+    size_constraints: tuple[SizeConstraint, ...]
+    world_size: int
+    budget_inputs: Mapping[str, Any]  # what the legacy stream-budget formula reads of them
+    unsupported: str | None  # "<feature>: why" when a feature cannot run the point
+    model_problem: tuple[str, str] | None  # (field, message) when a feature cannot split the model
+
+
+def item_features(settings: Mapping[str, Any], fixes: Mapping[str, bool], scenario: Mapping[str, Any],
+                  model: ModelConfig) -> ItemFeatures:
+    """Make the enabled features (:func:`active_features`) and ask each what the item needs:
+    ``scenario`` is the whole scenario as plain data (a feature's ``unsupported`` reads it)."""
+    features = tuple(active_features(settings, fixes))
+    unsupported = next((f"{f.name}: {reason}" for f in features if (reason := f.unsupported(scenario))), None)
+    return ItemFeatures(features, uniform_decode_query_len(features), tuple(size_constraints(features)),
+                        world_size(features), budget_inputs(features), unsupported, model_problem(features, model))
+
+
 def rank_model(features: Sequence[Feature], ctx: RankContext) -> Callable[[DecoderLM], DecoderLM] | None:
     """What makes this rank's model from the single-rank one: every feature's
     :meth:`~Feature.rank_model` in registry order; None when no feature changes the model."""
@@ -141,8 +166,8 @@ def ledger_colours() -> dict[str, str]:
 
 __all__ = [
     "BUILTIN", "ENTRY_POINT_GROUP", "SINGLE_RANK", "ContextParallel", "DPDisagreement", "DataParallel", "Feature",
-    "FeatureSettings", "FixSwitch", "RankAxisFeature", "RankContext", "SequenceParallel", "SizeConstraint",
+    "FeatureSettings", "FixSwitch", "ItemFeatures", "RankAxisFeature", "RankContext", "SequenceParallel", "SizeConstraint",
     "SpeculativeDecoding", "StepShape", "active_features", "all_fix_switches", "budget_inputs", "check_agreement",
-    "feature_label", "ledger_colours", "model_problem", "rank_model", "registry",
+    "feature_label", "item_features", "ledger_colours", "model_problem", "rank_model", "registry",
     "size_constraints", "uniform_decode_query_len", "world_size",
 ]

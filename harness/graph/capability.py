@@ -99,6 +99,21 @@ class Resolution:
     def downgraded(self) -> bool:
         return self.mode is not self.requested
 
+    @property
+    def graphs(self) -> bool:
+        """Any graph is captured (NONE captures none, and has no capture sizes)."""
+        return self.mode is not CUDAGraphMode.NONE
+
+    @property
+    def decode_full(self) -> bool:
+        """Uniform decode batches replay FULL graphs (spec decode's sizes round up only then)."""
+        return self.mode.decode_mode() is CUDAGraphMode.FULL
+
+    @property
+    def mixed_graphs(self) -> bool:
+        """Mixed batches replay graphs too, each captured on a dummy batch."""
+        return self.mode.mixed_mode() is not CUDAGraphMode.NONE
+
 
 def resolve(requested: CUDAGraphMode, backend: AttentionBackendInfo, *, uniform_decode_query_len: int = 1,
             task_updates: bool = True, metadata: str = "auto",

@@ -44,6 +44,7 @@ __all__ = [
     "compose_constraints",
     "default_capture_sizes",
     "default_max_capture_size",
+    "dummy_request_lens",
     "needs_tp_aligned_sizes",
     "resolve_capture_sizes",
     "resolve_sizes",
@@ -323,6 +324,8 @@ def resolve_sizes(
     capture_max_num_batched_tokens: bool = True,
     capture_max_num_seqs: bool = False,
     graphs: bool = True,
+    mixed_graphs: bool = False,
+    max_model_len: int | None = None,
 ) -> SizeResolution:
     """The final capture sizes, ascending, with the warnings on the way: every rule in order.
 
@@ -346,6 +349,10 @@ def resolve_sizes(
     3. The round-up constraints (speculative decoding), when ``decode_full``; see
        :func:`compose_constraints` for ``spec_sp_multiple``. ``num_speculative_tokens`` also
        sizes the default max.
+
+    4. With ``mixed_graphs`` and a ``max_model_len``: no size may be captured on a dummy batch
+       (:func:`dummy_request_lens`) with a request longer than ``max_model_len``, or the
+       capture runs a shape no real batch has (``ValueError``, naming the size).
 
     ``constraints`` are the features' own; ``sequence_parallel``/``tp`` and
     ``num_speculative_tokens`` add SP's and spec decode's for callers without features.
@@ -408,7 +415,23 @@ def resolve_sizes(
                              f"with the max value of cudagraph_capture_sizes(={sizes[-1]})")
         notes.append(f"Truncating max_cudagraph_capture_size {max_capture_size} to {sizes[-1]}")
     sizes = compose_constraints(sizes, every, decode_full=decode_full, spec_sp_multiple=spec_sp_multiple)
+    for size in sizes if mixed_graphs else ():
+        if max_model_len is not None and (longest := max(dummy_request_lens(size, max_num_seqs))) > max_model_len:
+            raise ValueError(
+                f"capture size {size} with graph.max_num_seqs {max_num_seqs} is captured on a dummy request of "
+                f"{longest} tokens, above model.max_model_len {max_model_len}: no real batch has that shape; "
+                "drop the size or raise max_num_seqs")
     return SizeResolution(sizes, dropped, notes)
+
+
+def dummy_request_lens(num_tokens: int, max_num_seqs: int) -> list[int]:
+    """The query lengths of the dummy batch a mixed graph of ``num_tokens`` is captured on.
+
+    As vLLM's ``_dummy_run`` splits a non-uniform batch: ``min(T, max_num_seqs)`` requests
+    of ``T // n`` tokens, the remainder on the last. (A long last request instead could outgrow
+    ``max_model_len`` where no real batch of that size does.)"""
+    n = max(1, min(num_tokens, max_num_seqs))
+    return [num_tokens // n] * (n - 1) + [num_tokens // n + num_tokens % n]
 
 
 def resolve_capture_sizes(**kwargs: Any) -> list[int]:

@@ -47,6 +47,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from harness.graph.capture_sizes import dummy_request_lens
 from harness.graph.dispatcher import BatchDescriptor, DispatchDecision, Dispatcher
 from harness.graph.drafter import DraftBatch, round_metadata
 from harness.graph.graph_wrapper import CaptureMonitor, GraphWrapper, get_forward_context, set_forward_context
@@ -59,7 +60,7 @@ from harness.graph.metadata import (
     slice_attention_metadata,
 )
 from harness.graph.modes import CUDAGraphMode
-from harness.graph.plan import StepPlan, dummy_request_lens
+from harness.graph.plan import StepPlan
 from harness.graph.runner import LiveAttention, _Piece, attend_live, attention_heads
 from harness.model import DecoderLM, PagedKVCache
 from harness.ops import FIA_OP_NAME, fia_call_tags

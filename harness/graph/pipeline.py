@@ -113,9 +113,12 @@ def run_pipeline(spec: PipelineSpec, engine: Engine, record: RunRecord, ctx: Ran
 
     ``reference=False``: skip the reference path and the plain greedy decode, which a peer
     with the same requests computes (``harness.features.layout.runs_reference``)."""
+    g = spec.graph
+    planner_config = spec.planner_config()
+    drafter_param_update = feature_fix(spec.features, "drafter_param_update")
     register_updatable_ops(engine)
     # Every tensor of the run lives on the engine's device; the known-bad pipeline leaves them on the host.
-    device = engine.device if spec.graph.fixes.device_placement else torch.device("cpu")
+    device = engine.device if g.fixes.device_placement else torch.device("cpu")
     reference_model = build_model(spec.model, device)
     model = rank_model(reference_model) if rank_model else reference_model
     draft = draft_model(reference_model, spec.drafter_layers) if spec.num_speculative_tokens else None
@@ -125,8 +128,7 @@ def run_pipeline(spec: PipelineSpec, engine: Engine, record: RunRecord, ctx: Ran
     paths["reference"].finished = not reference
     style = next((s for f in spec.features if (s := f.attention_style(ctx)) is not None), AttentionStyle())
     # One planner per path that is dispatched: each path has its own scheduler state.
-    planners = {name: StepPlanner(spec.planner_config(), spec.features, ctx) for name in ("padded", "graph")}
-    g = spec.graph
+    planners = {name: StepPlanner(planner_config, spec.features, ctx) for name in ("padded", "graph")}
     runner = GraphRunner(engine, model, paths["graph"].kv_cache,
                          RunnerConfig(max(g.capture_sizes, default=1), g.max_num_seqs, spec.max_blocks_per_req,
                                       g.warmup_runs, g.fixes, g.mode, g.debug_input_addresses, g.attention_path,
@@ -140,7 +142,7 @@ def run_pipeline(spec: PipelineSpec, engine: Engine, record: RunRecord, ctx: Ran
                              full_graphs=g.attention_path is AttentionPath.HOST_LISTS, fia_padding=g.fia_padding,
                              mixed_full_key_num_reqs=g.mixed_full_key_num_reqs,
                              pad_requests_without_full=g.pad_requests_without_full,
-                             param_update=feature_fix(spec.features, "drafter_param_update"),
+                             param_update=drafter_param_update,
                              debug_input_addresses=g.debug_input_addresses,
                              capture_error_guidance=g.capture_error_guidance),
             pool=runner.pool, monitor=runner.monitor)

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from harness.graph.capture_sizes import dummy_request_lens
 from harness.graph.dispatcher import BatchDescriptor, DispatchDecision, Dispatcher, is_uniform_decode
 from harness.graph.metadata import (
     PAD_SLOT_ID,
@@ -45,7 +46,7 @@ from harness.graph.modes import CUDAGraphMode
 from harness.graph.scheduler import Step
 from harness.graph.shape import SINGLE_RANK, RankContext, RunShape, StepShape
 
-__all__ = ["PaddingLedger", "PlanKind", "PlannerConfig", "StepPlan", "StepPlanner", "dummy_request_lens"]
+__all__ = ["PaddingLedger", "PlanKind", "PlannerConfig", "StepPlan", "StepPlanner"]
 
 
 class PlanKind(enum.Enum):
@@ -120,16 +121,6 @@ class PlannerConfig:
     pad_requests_without_full: bool = False
     dp_padding: str = "graph_ranks"  # "graph_ranks" (vLLM Ascend PR #7297) or "all_ranks"
     spec_decode_needs_computed: bool = True  # vLLM Ascend PR #6835
-
-
-def dummy_request_lens(num_tokens: int, max_num_seqs: int) -> list[int]:
-    """The query lengths of the dummy batch a mixed graph of ``num_tokens`` is captured on.
-
-    As vLLM's ``_dummy_run`` splits a non-uniform batch: ``min(T, max_num_seqs)`` requests
-    of ``T // n`` tokens, the remainder on the last. (A long last request instead could outgrow
-    ``max_model_len`` where no real batch of that size does.)"""
-    n = max(1, min(num_tokens, max_num_seqs))
-    return [num_tokens // n] * (n - 1) + [num_tokens // n + num_tokens % n]
 
 
 class StepPlanner:

@@ -177,10 +177,13 @@ class PagedKVCache:
         allocator: the :class:`BlockAllocator` for blocks ``1 ..``.
     """
 
-    def __init__(self, config: ModelConfig, device: torch.device | str = "cpu") -> None:
+    def __init__(self, config: ModelConfig, device: torch.device | str = "cpu", num_kv_heads: int | None = None) -> None:
+        """``num_kv_heads``: the heads this rank holds (a TP rank's share); all of ``config``'s
+        when None. ``config`` stays the whole model's."""
         self.config = config
         self.device = torch.device(device)
-        shape = (config.num_blocks, config.block_size, config.num_kv_heads, config.head_dim)
+        heads = config.num_kv_heads if num_kv_heads is None else num_kv_heads
+        shape = (config.num_blocks, config.block_size, heads, config.head_dim)
         dtype = config.torch_dtype
         self.key_cache: list[Tensor] = [
             torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(config.num_layers)

@@ -305,10 +305,8 @@ def make_kv_cache(
     runs the same allocator calls (same requests, same order), so block ids and slot mappings
     agree across ranks.
     """
-    if parallel is None or parallel.tp == 1:
-        return PagedKVCache(config, device=device)
-    check_parallel_config(config, parallel)
-    local = config.replace(num_kv_heads=config.num_kv_heads // parallel.tp)
-    cache = PagedKVCache(local, device=device)
-    cache.config = config
-    return cache
+    heads = config.num_kv_heads
+    if parallel is not None and parallel.tp > 1:
+        check_parallel_config(config, parallel)
+        heads //= parallel.tp
+    return PagedKVCache(config, device=device, num_kv_heads=heads)

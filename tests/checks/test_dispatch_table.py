@@ -13,7 +13,8 @@ import pytest
 from harness.checks.dispatch_table import check_dispatch_table, observed
 from harness.graph.record import RunRecord, StepRecord
 from harness.scenario import ScenarioError, load_scenario_text
-from harness.session import FAILED, PASSED, XFAILED, dispatch_rows, run_point
+from harness.resolve import resolve_item
+from harness.session import FAILED, PASSED, XFAILED, run_point
 
 
 def _step(step: int, mode: str = "FULL", tokens: int = 5, padded: int = 8, reqs: int = 2, reqs_padded: int = 3):
@@ -106,7 +107,7 @@ def test_a_known_bad_item_may_expect_exactly_the_dispatch_table_to_fail():
 
 def test_rows_pin_only_the_fields_the_file_names():
     (point,) = load_scenario_text(SCENARIO.replace("BUCKET", "8"))
-    (row,) = dispatch_rows(point.scenario)
+    (row,) = resolve_item(point.scenario).dispatch_rows
     assert set(row) == {"step", "rank", "for_mode", "index", "mode", "bucket", "descriptor", "num_reqs_padded"}
     assert row["descriptor"] == {"num_tokens": 8, "num_reqs": 8, "uniform_decode": False}
 

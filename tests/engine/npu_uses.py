@@ -7,7 +7,7 @@ it cannot drift from the code); :mod:`tests.engine.npu_wheel` reads what a relea
   keywords of that call;
 * the methods a class of ``npu.py`` overrides on a ``torch.npu`` base class;
 * the native hooks: ``npu.py``'s ``native_attention()``, ``native_paged_attention()``: the slots
-  each returns (in order), bound by the setter that :mod:`harness.session` calls with them to the
+  each returns (in order), bound by the setter that :mod:`harness.ops.native` calls with them to the
   slots of an ops module (``_native.functional``, ``_native["op"]``), and every keyword that
   ops module passes through each slot (explicit, or from a ``dict(...)``/``{...}`` or a
   ``FiaKeywords.as_kwargs()`` it spreads);
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HARNESS = ROOT / "harness"
 NPU_MODULE = HARNESS / "engine" / "npu.py"
 OPS_DIR = HARNESS / "ops"
-SESSION = HARNESS / "session.py"
+INSTALL = HARNESS / "ops" / "native.py"
 SIGNATURE = OPS_DIR / "signature.py"
 
 
@@ -157,9 +157,9 @@ def _npu_module_uses(uses: HarnessUses) -> tuple[dict[str, list[str | None]], di
 
 
 def _setters() -> dict[str, str]:
-    """Hook -> the setter the session hands its slots to (``set_native_impl(*engine.X())``)."""
+    """Hook -> the setter harness.ops.native hands its slots to (``set_native_impl(*engine.X())``)."""
     out: dict[str, str] = {}
-    for node in ast.walk(_parse(SESSION)):
+    for node in ast.walk(_parse(INSTALL)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
             for sub in ast.walk(ast.Module(body=[ast.Expr(a) for a in node.args], type_ignores=[])):
                 if isinstance(sub, ast.Attribute) and sub.attr.startswith("native_"):

@@ -199,7 +199,7 @@ def test_the_session_installs_the_engines_paged_attention_and_restores_the_refer
     torch_npu's keyword names (as vLLM Ascend calls it); an engine without it gets the reference."""
     from types import SimpleNamespace
 
-    from harness.session import install_native_ops
+    from harness.ops.native import install_native_ops
 
     calls: list[tuple[str, dict]] = []
 

@@ -149,6 +149,13 @@ class TestResolve:
     def test_tp_without_sp_does_not_filter(self):
         assert resolve_capture_sizes(max_num_seqs=8, capture_sizes=[1, 3], tp=2) == [1, 3]
 
+    def test_no_mixed_graph_is_captured_on_a_dummy_request_longer_than_the_model(self):
+        # 64 tokens on 2 dummy requests: 32 each, above max_model_len 16; 8 tokens: 4 each
+        with pytest.raises(ValueError, match="capture size 64 .* dummy request of 32 tokens, above model.max_model_len 16"):
+            resolve_sizes(max_num_seqs=2, capture_sizes=[8, 64], mixed_graphs=True, max_model_len=16)
+        assert resolve_sizes(max_num_seqs=2, capture_sizes=[8, 64], mixed_graphs=False, max_model_len=16).sizes == [8, 64]
+        assert resolve_sizes(max_num_seqs=2, capture_sizes=[8, 32], mixed_graphs=True, max_model_len=16).sizes == [8, 32]
+
 
 class TestPaddedSizeTable:
     def test_lookup(self):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import session
+from harness import executor
 from harness.graph.record import fia_calls_by_phase
 from harness.resolve import resolve_item
 from harness.scenario import load_scenario_text
@@ -48,7 +48,7 @@ workload:
 def run(mode: str, *, fix: bool = True, extra: str = ""):
     text = SCENARIO.replace("MODE", mode).replace("FIX", str(fix).lower()).replace("EXTRA", extra)
     (point,) = load_scenario_text(text)
-    record, checks = session.run_rank(resolve_item(point.scenario))
+    record, checks = executor.run_rank(resolve_item(point.scenario))
     return record, {str(name): check for name, check in checks.items()}
 
 

@@ -17,7 +17,7 @@ from harness.graph.pipeline import run_pipeline
 from harness.graph.record import RunRecord
 from harness.scenario import load_scenario_text
 from harness.resolve import resolve_item
-from harness.session import build_spec
+from harness.executor import build_spec
 
 SCENARIO = """
 name: drafter

@@ -410,7 +410,7 @@ def _capturing_runner(mode: str, streams=None):
     from harness.model import build_model
     from harness.model.parallel import make_kv_cache
     from harness.resolve import resolve_item
-    from harness.session import build_spec
+    from harness.executor import build_spec
 
     spec = build_spec(resolve_item(_point_scenario(mode)))
     engine = load_engine("emulated")

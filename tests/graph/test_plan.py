@@ -1,6 +1,6 @@
 """The step planner: every step of every dispatched path is dispatched exactly once.
 
-The count is taken on the real pipeline (``session.run_rank``): ``Dispatcher.dispatch`` is
+The count is taken on the real pipeline (``executor.run_rank``): ``Dispatcher.dispatch`` is
 wrapped to count calls, and every ``StepPlanner.plan`` / ``reference`` call must account for
 exactly one (plan: a step or an idle rank's dummies) or zero (reference, or no work on any
 rank) of them; nothing else may dispatch, but the drafter's own dispatch of its first pass
@@ -18,7 +18,8 @@ from harness.graph import plan as plan_module
 from harness.graph.capture_sizes import resolve_capture_sizes
 from harness.graph.dispatcher import Dispatcher
 from harness.graph.modes import CUDAGraphMode
-from harness.graph.plan import PlanKind, PlannerConfig, StepPlanner, dummy_request_lens
+from harness.graph.capture_sizes import dummy_request_lens
+from harness.graph.plan import PlanKind, PlannerConfig, StepPlanner
 from harness.ranks import run_ranks
 from harness.scenario import Scenario
 
@@ -38,7 +39,7 @@ def _scenario(mode: str, features: dict) -> dict:
 
 def count_dispatches(scenario_json: dict, ctx=None) -> dict:
     """Run one rank of ``scenario_json``; return what was dispatched where."""
-    from harness import session
+    from harness import executor
 
     from harness.graph.draft_runner import DraftGraphRunner
 
@@ -99,9 +100,9 @@ def count_dispatches(scenario_json: dict, ctx=None) -> dict:
     try:
         item = resolve_item(Scenario.model_validate(scenario_json))
         if ctx is None:
-            session.run_rank(item)
+            executor.run_rank(item)
         else:
-            session.run_rank(item, ctx)
+            executor.run_rank(item, ctx)
     finally:
         Dispatcher.dispatch = original_dispatch
         plan_module.StepPlanner.plan, plan_module.StepPlanner.reference = original_plan, original_reference
@@ -160,14 +161,14 @@ def test_sp_and_mtp_compose_capture_sizes_to_multiples_of_lcm():
 
 
 def test_preflight_and_run_use_the_same_resolved_sizes():
-    from harness import session
+    from harness import executor, session
 
     scenario = Scenario.model_validate({**_scenario("FULL", {"sp": {"tp": 2}, "mtp": {"k": 2}}),
                                         "graph": {"mode": "FULL", "capture_sizes": [1, 2, 4, 8]},
                                         "stack": "harness-compose"})
     assert session.preflight(scenario) is None
     item = resolve_item(scenario)
-    assert list(item.capture_sizes) == list(session.build_spec(item).graph.capture_sizes) == [6]
+    assert list(item.capture_sizes) == list(executor.build_spec(item).graph.capture_sizes) == [6]
 
 
 @pytest.mark.parametrize("num_tokens, max_num_seqs, lens", [

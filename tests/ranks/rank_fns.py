@@ -87,10 +87,10 @@ def scenario_rank_imports(rank: int, world_size: int, item: Any) -> list[str]:
     them, tests/ranks checks it; a forked one holds what the harness process had anyway.)"""
     import sys
 
-    from harness.session import _rank_job
+    from harness.executor import rank_job
 
     before = {name for name in HEAVY_MODULES if name in sys.modules}
-    _rank_job(rank, world_size, item)
+    rank_job(rank, world_size, item)
     return [name for name in HEAVY_MODULES if name in sys.modules and name not in before]
 
 

@@ -121,20 +121,21 @@ def test_the_warm_server_is_not_forked_from_a_process_with_cuda_initialised(monk
 
 
 def test_a_multi_rank_item_is_skipped_when_the_devices_are_too_few(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Wired where multi-rank items start (harness.session.run_point), the device count mocked."""
+    """Wired where multi-rank items start (harness.executor.execute, through harness.session.run_point), the device count mocked."""
+    import harness.executor as executor
     import harness.session as session
     from harness.scenario import load_scenario_text
 
     calls: list[dict] = []
     monkeypatch.setattr(session, "backend_problem", lambda backend: None)
-    monkeypatch.setattr(session, "device_count", lambda backend: 1)
-    monkeypatch.setattr(session, "run_ranks", lambda *a, **kw: calls.append(kw) or pytest.fail("ran"))
+    monkeypatch.setattr(executor, "device_count", lambda backend: 1)
+    monkeypatch.setattr(executor, "run_ranks", lambda *a, **kw: calls.append(kw) or pytest.fail("ran"))
     (point,) = load_scenario_text(_TWO_RANKS)
     result = session.run_point(point, backend="cuda")
     assert result.outcome == session.SKIPPED and result.verdict == "needs 2 devices, found 1"
     assert calls == []
-    monkeypatch.setattr(session, "device_count", lambda backend: 2)
-    monkeypatch.setattr(session, "run_ranks", lambda *a, **kw: calls.append(kw) or _failed(2))
+    monkeypatch.setattr(executor, "device_count", lambda backend: 2)
+    monkeypatch.setattr(executor, "run_ranks", lambda *a, **kw: calls.append(kw) or _failed(2))
     result = session.run_point(point, backend="cuda")
     assert calls and calls[0]["backend"] == "cpu:gloo,cuda:nccl"  # the item ran, on NCCL
 

@@ -6,7 +6,8 @@ import torch
 
 from harness.checks import CheckResult
 from harness.scenario import Expect, load_scenario_text
-from harness.session import FAILED, PASSED, XFAILED, decide, run_point
+from harness.session import FAILED, PASSED, XFAILED, run_point
+from harness.verdict import decide
 
 SCENARIO = """
 name: s
@@ -61,10 +62,10 @@ workload:
 def test_tp_ranks_compute_the_reference_once_and_rank_0_compares_it():
     from harness.ranks import run_ranks
     from harness.resolve import resolve_item
-    from harness.session import _rank_job, dispatch_rows
+    from harness.executor import rank_job
 
     (point,) = load_scenario_text(TP2)
-    out = run_ranks(_rank_job, 2, args=(resolve_item(point.scenario), dispatch_rows(point.scenario)), timeout=300)
+    out = run_ranks(rank_job, 2, args=(resolve_item(point.scenario),), timeout=300)
     assert out.ok, out.report()
     (first, first_checks), (second, second_checks) = out.results
     assert first.reference_here and not second.reference_here
@@ -77,12 +78,12 @@ def test_tp_ranks_compute_the_reference_once_and_rank_0_compares_it():
 
 
 def test_a_crash_inside_the_pipeline_is_the_items_result(monkeypatch):
-    import harness.session as session
+    import harness.executor as executor
 
     def boom(*args, **kwargs):
         raise RuntimeError("pipeline exploded")
 
-    monkeypatch.setattr(session, "run_pipeline", boom)
+    monkeypatch.setattr(executor, "run_pipeline", boom)
     (point,) = load_scenario_text(SCENARIO)
     result = run_point(point, backend="emulated")
     assert result.outcome == FAILED and "pipeline exploded" in result.verdict and result.traceback
@@ -99,13 +100,13 @@ def test_speculative_greedy_output_equals_plain_greedy_output():
 
 
 def test_a_failing_rank_fails_only_its_item_with_its_log(monkeypatch):
-    import harness.session as session
+    import harness.executor as executor
     from harness.ranks import RankFailure, RanksOutcome
 
     failure = RankFailure(1, "timeout", "did not finish within the 300s timeout", None, "rank 1 entered all_reduce")
     outcome = RanksOutcome(ok=False, results=[None, None], failures=[failure], duration=1.0,
                            logs=["", "rank 1 entered all_reduce"], pids=[1, 2])
-    monkeypatch.setattr(session, "run_ranks", lambda *args, **kwargs: outcome)
+    monkeypatch.setattr(executor, "run_ranks", lambda *args, **kwargs: outcome)
     (point,) = load_scenario_text(SCENARIO + "features: {sp: {tp: 2}}\n")
     result = run_point(point, backend="emulated")
     assert result.outcome == FAILED and result.failed_checks == ["execution"]
@@ -131,7 +132,7 @@ def test_the_cyclic_collector_is_paused_while_a_pipeline_runs_and_back_after(mon
     """Paused during the run (a crash included), restored after; left off if it was off."""
     import gc
 
-    import harness.session as session
+    import harness.executor as executor
 
     seen = []
 
@@ -139,7 +140,7 @@ def test_the_cyclic_collector_is_paused_while_a_pipeline_runs_and_back_after(mon
         seen.append(gc.isenabled())
         raise RuntimeError("pipeline exploded")
 
-    monkeypatch.setattr(session, "run_pipeline", pipeline)
+    monkeypatch.setattr(executor, "run_pipeline", pipeline)
     (point,) = load_scenario_text(SCENARIO)
     assert gc.isenabled()
     assert run_point(point, backend="emulated").outcome == FAILED

@@ -78,8 +78,9 @@ def test_a_budget_that_keeps_one_size_stops_v0_18_0_at_start_up(monkeypatch):
     text = "graph: {mode: PIECEWISE, capture_sizes: [1, 2, 4, 8]}\nengine: {budget_policy: legacy}\n"
     (old,) = load_scenario_text(text + BASE.replace("layers: 2", "layers: 64") + "stack: v0.18.0\n")
     (new,) = load_scenario_text(text + BASE.replace("layers: 2", "layers: 64") + "stack: v0.23.0\n")
-    legacy_inputs = resolve.legacy_budget_inputs
-    monkeypatch.setattr(resolve, "legacy_budget_inputs", lambda *args: {**legacy_inputs(*args), "max_streams": 100})
+    budget = resolve.stream_budget
+    monkeypatch.setattr(resolve, "stream_budget",
+                        lambda policy, sizes, **inputs: budget(policy, sizes, **inputs, max_streams=100))
     # n = floor(100 / 65) = 1 of 4 sizes: v0.18.0 divides by zero at start-up, PR #9572 keeps [8]
     reason = _skip_reason(old.scenario)
     assert reason.startswith("the real engine refuses to start (stack v0.18.0): update_aclgraph_sizes")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 
-from harness import session
 from harness.graph.dispatcher import Dispatcher
 from harness.graph.modes import CUDAGraphMode
 from harness.scenario import load_scenario_text
@@ -116,7 +115,8 @@ def test_stack_option_sets_only_scenarios_that_name_none():
 
 
 def test_device_rules_follow_the_torch_npu_release():
-    old, new = session.device_rules(profile("v0.23.0")), session.device_rules(profile("main"))
+    old = resolve_item(_scenario("graph: {mode: FULL, capture_sizes: [1, 2, 4]}\n", "v0.23.0").scenario).device_rules
+    new = resolve_item(_scenario("graph: {mode: FULL, capture_sizes: [1, 2, 4]}\n", "main").scenario).device_rules
     assert (old.rng_in_capture, old.capture_survives_rejected_sync, old.generator_registration) == (
         False, False, "explicit")
     assert (new.rng_in_capture, new.capture_survives_rejected_sync, new.generator_registration) == (
