@@ -99,16 +99,6 @@ def _narrow(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_check_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The options of ``check`` (also ``python -m harness.scenario check``'s)."""
-    parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="a scenario file, a directory (its .yaml/.yml files, recursively) or a quoted glob")
-    parser.add_argument("--mode", default=None, metavar="M[,M...]",
-                        help="expand files that name no mode into these modes, as pytest --mode does")
-    parser.add_argument("--items", action="store_true", help="list every item of every valid file")
-    return parser
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="graph-harness", description="Graph-mode scenario harness: tools around the pytest suite.",
@@ -122,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="validate scenario files, directories or globs as pytest collects them (exit 1 on errors)",
         description="Validate scenario files exactly as pytest collection does: every error of every file "
                     "(file:line: field: message), then one summary line. Exit 1 on errors.")
+    from harness.scenario.__main__ import add_check_options  # its options are python -m harness.scenario's too
+
     add_check_options(check)
     check.set_defaults(run=_check)
 

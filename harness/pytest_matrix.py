@@ -88,14 +88,17 @@ def slow_first(items: list[pytest.Item]) -> None:
 
 
 def unsupported(point: dict[str, Any]) -> str | None:
-    """Why a (possibly partial) point is unsupported by design, asking the features themselves."""
+    """Why a (possibly partial) point cannot run: a feature does not model it (asking the
+    features themselves), or the real engine refuses to start it."""
     from harness.features import active_features
+    from harness.resolve import refused_at_start_up
 
-    for feature in active_features(point.get("features", {}), point.get("fixes", {})):
+    features = active_features(point.get("features", {}), point.get("fixes", {}))
+    for feature in features:
         reason = feature.unsupported(point)
         if reason:
             return f"{feature.name}: {reason}"
-    return None
+    return refused_at_start_up(point, features)
 
 
 def ranks(point: dict[str, Any]) -> int:

@@ -6,14 +6,16 @@ backend's support and the engine's capabilities had their say (:mod:`harness.gra
 the capture sizes every feature's constraints leave, the stream budget's cut, the world size.
 :func:`resolve_item` makes each of those decisions once and returns a frozen
 :class:`ResolvedItem`; collection (preflight), the session, the ranks, the pipeline's spec and
-the checks read it and never derive any of it again. A configuration the real engine refuses
-to start raises :class:`~harness.graph.capture_sizes.EngineRefusal` (the point is skipped with
-the engine's words); one that only this backend cannot run raises
-:class:`~harness.graph.capability.AttentionPathUnavailable`.
+the checks read it and never derive any of it again. A point the real engine refuses to start
+(:class:`~harness.graph.capture_sizes.EngineRefusal`), that this backend cannot run
+(:class:`~harness.graph.capability.AttentionPathUnavailable`) or that the harness does not
+model raises :class:`PointSkipped` with the reason; a file the harness cannot run as written
+raises :class:`ItemProblem` with the field to change.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -21,15 +23,16 @@ from harness import features as registry
 from harness.engine.protocol import CAPABILITIES, Capabilities, DeviceRules, StreamConfig
 from harness.features import Feature, ItemFeatures, active_features
 from harness.graph.capability import ATTENTION_BACKENDS, AttentionPathUnavailable, Resolution, resolve
-from harness.graph.capture_sizes import EngineRefusal, SizeResolution, resolve_sizes
+from harness.graph.capture_sizes import EngineRefusal, SizeResolution, resolve_sizes, spec_decode_rounding
 from harness.graph.modes import CUDAGraphMode, parse_mode, resolve_mode
 from harness.graph.stream_budget import BudgetDecision, stream_budget
 from harness.model.config import ModelConfig
 from harness.scenario import Scenario
+from harness.scenario.sections import GraphSpec
 from harness.scenario.bounds import MAX_WORLD_SIZE
 from harness.stacks import StackProfile, profile
 
-__all__ = ["ItemProblem", "PointSkipped", "ResolvedItem", "resolve_item", "scenario_features"]
+__all__ = ["ItemProblem", "PointSkipped", "ResolvedItem", "refused_at_start_up", "resolve_item", "scenario_features"]
 
 
 class PointSkipped(Exception):
@@ -200,3 +203,29 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
                  for i, row in enumerate(scenario.expect.dispatch or ()) if row.for_stack in (None, stack_profile.name))
     return ResolvedItem(scenario, backend, capabilities, stack_profile, needs.features, needs.world_size, q, graph,
                         sizes, budget, model, streams, rules, rows)
+
+
+def refused_at_start_up(point: Mapping[str, Any], features: Sequence[Feature]) -> str | None:
+    """Why the real engine would refuse to start ``point``, given as plain data, else None.
+
+    The cross product's selection judges thousands of points, some partial, before any is
+    validated, so this reads the raw values (absent ones as the schema's defaults). It asks the
+    same rules as :func:`resolve_item`, in the same order: the stack, its start-up mode rules,
+    then spec decode's rounding of the capture sizes with the features' constraints (vLLM's
+    ``adjust_cudagraph_sizes_for_spec_decode``: speculation with SP where ``max(q, tp)`` is no
+    common multiple). Without an attention backend's downgrade: the cross product names none."""
+    graph = point.get("graph") or {}
+    default = {name: info.default for name, info in GraphSpec.model_fields.items()}
+    stack = profile(point.get("stack"))
+    startup = resolve_mode(parse_mode(str(graph.get("mode", default["mode"]))),
+                           compilation_mode=graph.get("compilation_mode", default["compilation_mode"]),
+                           platform=graph.get("platform", default["platform"]),
+                           full_and_piecewise=stack.full_and_piecewise,
+                           npu_unsupported_compilation=stack.npu_unsupported_compilation)
+    try:
+        spec_decode_rounding(registry.size_constraints(features),
+                             decode_full=startup.mode.decode_mode() is CUDAGraphMode.FULL,
+                             spec_sp_multiple=stack.spec_sp_multiple)
+    except EngineRefusal as refusal:
+        return f"the real engine refuses to start (stack {stack.name}): {refusal}"
+    return None

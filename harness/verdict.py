@@ -7,12 +7,10 @@ known-bad that passes, or fails differently, is a failure. Outcomes use pytest's
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
-
 from harness.checks import CHECKS, EXECUTION, CheckName, CheckResult
 from harness.checks.dispatch_table import summarize_mismatches
 from harness.graph.record import RunRecord
-from harness.scenario import ScenarioPoint, locate
+from harness.scenario import Expect, ScenarioPoint, locate
 
 __all__ = ["FAILED", "PASSED", "SKIPPED", "XFAILED", "decide", "judge"]
 
@@ -39,7 +37,7 @@ def judge(point: ScenarioPoint, checks: dict[str, CheckResult], record: RunRecor
     return outcome, verdict
 
 
-def decide(expect: Any, checks: dict[str, CheckResult]) -> tuple[str, str]:
+def decide(expect: Expect, checks: dict[str, CheckResult]) -> tuple[str, str]:
     """The outcome of ``checks`` under ``expect`` (a scenario's ``expect`` section)."""
     failed = {name for name, r in checks.items() if not r.passed}
     if expect.outcome == "pass":

@@ -57,5 +57,5 @@ def check_fia_invariant(record: RunRecord, contract: str) -> CheckResult:
         f"bucket {first['bucket']}, layer {first['layer']} ({first['path']} path, {first['phase']}); "
         f"padding: {first['padding']}; the {other} contract would {'have accepted' if other_ok else 'also reject'} it"
     )
-    steps = [v["step"] for v in violations if v["step"] is not None]
+    steps = [step for v in violations if isinstance(step := v["step"], int)]
     return CheckResult(CheckName.FIA_INVARIANT, False, summary, min(steps) if steps else None, details)

@@ -47,6 +47,8 @@ from harness.graph.shape import SINGLE_RANK, RankAxis, RankContext, RunShape, St
 
 if TYPE_CHECKING:  # pragma: no cover
     from harness.graph.metadata import AttentionMetadata
+    from harness.graph.scheduler import RequestPlan
+    from harness.ops.attention import AttentionStyle
     from harness.model import DecoderLM
     from harness.model.config import ModelConfig
 
@@ -175,7 +177,7 @@ class Feature:
             return f"{cls.name}{value}"
         return None
 
-    def share_requests(self, plans: list[Any], ctx: RankContext) -> list[Any]:
+    def share_requests(self, plans: list[RequestPlan], ctx: RankContext) -> list[RequestPlan]:
         """This rank's share of the workload's requests (DP splits them among its ranks)."""
         return plans
 
@@ -199,7 +201,7 @@ class Feature:
         """This rank's attention metadata (context parallel shards it)."""
         return meta
 
-    def attention_style(self, ctx: RankContext) -> Any:
+    def attention_style(self, ctx: RankContext) -> AttentionStyle | None:
         """How attention runs on this rank (None: the default causal FIA)."""
         return None
 

@@ -21,6 +21,8 @@ from harness.graph.metadata import AttentionMetadata
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from harness.ops.attention import AttentionStyle
+
 
 class CPSettings(FeatureSettings):
     size: int = Field(1, ge=1, le=MAX_AXIS_RANKS, description="Context-parallel ranks the KV cache is sharded over (1: CP off).")
@@ -72,7 +74,7 @@ class ContextParallel(RankAxisFeature):
             + ("" if self.fix_on else ", KV lengths not zero-padded"),
         )
 
-    def attention_style(self, ctx: RankContext) -> Any:
+    def attention_style(self, ctx: RankContext) -> AttentionStyle:
         from harness.model.context_parallel import cp_combine
         from harness.ops.attention import AttentionStyle
 

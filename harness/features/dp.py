@@ -14,12 +14,18 @@ of the forward (PRs #25906, #30173).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from harness.features.base import MAX_AXIS_RANKS, FeatureSettings, FixSwitch, RankAxisFeature, RankContext
 from harness.graph.shape import RunShape, StepShape
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch.distributed import ProcessGroup
+
+    from harness.graph.scheduler import RequestPlan
 
 
 class DPDisagreement(RuntimeError):
@@ -54,7 +60,7 @@ class DataParallel(RankAxisFeature):
     def budget_inputs(self) -> dict[str, Any]:
         return {"dp": self.size}
 
-    def share_requests(self, plans: list[Any], ctx: RankContext) -> list[Any]:
+    def share_requests(self, plans: list[RequestPlan], ctx: RankContext) -> list[RequestPlan]:
         """Round robin, (unequal) rank 0 takes two thirds of the requests, or (idle) the last
         rank takes none."""
         size, rank = self.rank_axis(ctx).size, self.rank_axis(ctx).rank
@@ -128,14 +134,16 @@ def check_agreement(shape: RunShape, ctx: RankContext, step: int, agreed: bool =
                              "the forward's collectives")
 
 
-def _all_reduce_max(values: Any, ctx: RankContext) -> None:
+def _all_reduce_max(values: Tensor, ctx: RankContext) -> None:
     """Element-wise max of ``values`` (a host int64 tensor) over the DP group, in place."""
     from harness.model.parallel import collective_ops
 
+    group = _group(ctx)
+    assert group is not None  # the callers return early with one DP rank
     ops = collective_ops()
-    ops.wait_tensor(ops.all_reduce_(values, "max", _group(ctx).group_name))
+    ops.wait_tensor(ops.all_reduce_(values, "max", group.group_name))
 
 
-def _group(ctx: RankContext) -> Any:
+def _group(ctx: RankContext) -> ProcessGroup | None:
     """The DP ranks' process group (None with one DP rank)."""
     return ctx.axis(DataParallel.axis).group

@@ -79,30 +79,8 @@ class SpeculativeDecoding(Feature):
         return issues
 
     def unsupported(self, scenario: Mapping[str, Any]) -> str | None:
+        # (where the real engine refuses speculation with SP, the capture sizes say so:
+        # harness.graph.capture_sizes.spec_decode_rounding, read by harness.resolve)
         if scenario.get("workload", {}).get("steps"):
             return "speculative decoding needs a request workload: explicit steps fix the token counts"
-        return self._engine_refusal(scenario)
-
-    def _engine_refusal(self, scenario: Mapping[str, Any]) -> str | None:
-        """With SP, a FULL decode routine and ``max(q, tp)`` not a common multiple, vLLM refuses to
-        start (``adjust_cudagraph_sizes_for_spec_decode``): the point cannot run on that stack.
-        The decode routine is the one the stack runs (``resolve_mode``: FULL_AND_PIECEWISE is
-        PIECEWISE on older vLLM Ascend, and has no FULL decode routine there). Absent settings
-        read as their defaults (graph mode FULL, tp 1, the default stack)."""
-        from harness.graph.capture_sizes import EngineRefusal, spec_decode_multiple
-        from harness.graph.modes import CUDAGraphMode, parse_mode, resolve_mode
-        from harness.stacks import profile
-
-        tp = int((scenario.get("features", {}).get("sp") or {}).get("tp", 1))
-        graph, stack = scenario.get("graph") or {}, profile(scenario.get("stack"))
-        mode = resolve_mode(parse_mode(str(graph.get("mode", "FULL"))),
-                            compilation_mode=graph.get("compilation_mode", "VLLM_COMPILE"),
-                            platform=graph.get("platform", "npu"), full_and_piecewise=stack.full_and_piecewise,
-                            npu_unsupported_compilation=stack.npu_unsupported_compilation).mode
-        if tp <= 1 or mode.decode_mode() is not CUDAGraphMode.FULL:
-            return None
-        try:
-            spec_decode_multiple(1 + self.k, tp, stack.spec_sp_multiple)
-        except EngineRefusal as refusal:
-            return f"the real engine refuses to start (unsupported by design): {refusal}"
         return None

@@ -51,6 +51,7 @@ __all__ = [
     "sizes_for_sequence_parallel",
     "sizes_for_spec_decode",
     "spec_decode_multiple",
+    "spec_decode_rounding",
     "truncate_to_grid",
 ]
 
@@ -124,20 +125,29 @@ def compose_constraints(sizes: Sequence[int], constraints: Sequence[SizeConstrai
             raise ValueError(f"{c.source} leaves no capture size: none of {sizes} is divisible by "
                              f"{c.multiple}")
         sizes = kept
-    round_up = [c for c in constraints if c.rule == "round_up" and c.multiple > 1]
-    if not round_up or not decode_full:
-        return sizes
-    q = math.lcm(*(c.multiple for c in round_up))
-    tp = math.lcm(1, *(c.multiple for c in keep))
-    multiple = spec_decode_multiple(q, tp, spec_sp_multiple)
+    multiple = spec_decode_rounding(constraints, decode_full=decode_full, spec_sp_multiple=spec_sp_multiple)
     if all(s % multiple == 0 for s in sizes):
         return sizes
+    round_up = [c for c in constraints if c.rule == "round_up" and c.multiple > 1]
     why = " and ".join(dict.fromkeys(c.source for c in (*keep, *round_up)))
     try:
         return sizes_for_spec_decode(sizes, multiple, max(sizes))
     except ValueError:
         raise ValueError(f"no capture size left after rounding {sizes} up to multiples of {multiple} "
                          f"({why}) within max {max(sizes)}") from None
+
+def spec_decode_rounding(constraints: Sequence[SizeConstraint], *, decode_full: bool = True,
+                         spec_sp_multiple: SpecSpMultiple = "max") -> int:
+    """The multiple spec decode rounds every capture size up to, from all the constraints: 1 when
+    nothing rounds (no speculation, or a decode routine that is not FULL). Raises
+    :class:`EngineRefusal` where the real engine refuses to start (:func:`spec_decode_multiple`)."""
+    round_up = [c for c in constraints if c.rule == "round_up" and c.multiple > 1]
+    if not round_up or not decode_full:
+        return 1
+    q = math.lcm(*(c.multiple for c in round_up))
+    tp = math.lcm(1, *(c.multiple for c in constraints if c.rule == "keep" and c.multiple > 1))
+    return spec_decode_multiple(q, tp, spec_sp_multiple)
+
 
 def spec_decode_multiple(q: int, tp: int, how: SpecSpMultiple = "max") -> int:
     """What spec decode rounds capture sizes to, with SP's ``tp`` (1 without SP).

@@ -47,6 +47,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from harness.engine.protocol import Engine, GraphPool
 from harness.graph.capture_sizes import dummy_request_lens
 from harness.graph.dispatcher import BatchDescriptor, DispatchDecision, Dispatcher
 from harness.graph.drafter import DraftBatch, round_metadata
@@ -118,8 +119,8 @@ class DraftGraphRunner:
     every graph of the run (vLLM Ascend's global graph pool and capture monitor).
     """
 
-    def __init__(self, engine: Any, model: DecoderLM, kv_cache: PagedKVCache, config: DraftGraphConfig, *,
-                 pool: Any = None, monitor: CaptureMonitor | None = None) -> None:
+    def __init__(self, engine: Engine, model: DecoderLM, kv_cache: PagedKVCache, config: DraftGraphConfig, *,
+                 pool: GraphPool | None = None, monitor: CaptureMonitor | None = None) -> None:
         self.engine, self.model, self.kv_cache, self.config = engine, model, kv_cache, config
         self.k = config.num_speculative_tokens
         self.q = 1 + self.k
@@ -145,9 +146,9 @@ class DraftGraphRunner:
         self.workspaces: dict[int, Tensor] = {}
         self.attn_outputs: dict[BatchDescriptor, list[Tensor]] = {}
         self._round = 0  # the round the merged forward is in (its attention's tags)
-        wrap = dict(engine=engine, pool=pool, monitor=monitor if monitor is not None else CaptureMonitor(enabled=False),
+        wrap: dict[str, Any] = dict(engine=engine, pool=pool, monitor=monitor if monitor is not None else CaptureMonitor(enabled=False),
                     debug=config.debug_input_addresses, capture_error_guidance=config.capture_error_guidance)
-        pieces: list[Any] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
+        pieces: list[Callable[..., Any]] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
         self.piece_wrappers: list[GraphWrapper] = []
         if graphs and config.mode.has_piecewise_cudagraphs():
             self.piece_wrappers = [GraphWrapper(p, CUDAGraphMode.PIECEWISE, name=f"draft_{p.__name__}",
@@ -156,7 +157,7 @@ class DraftGraphRunner:
             pieces = list(self.piece_wrappers)
         self.pieces = pieces
         self.full_wrapper: GraphWrapper | None = None
-        self.run: Any = self._rounds
+        self.run: Callable[..., Tensor] = self._rounds
         if graphs and config.full_graphs and config.mode.has_full_cudagraphs():
             self.full_wrapper = self.run = GraphWrapper(self._rounds, CUDAGraphMode.FULL, name="draft",
                                                         sync_before_replay=False, **wrap)

@@ -214,7 +214,7 @@ class GraphWrapper:
                 entry.graph.reset()
         self.entries.clear()
 
-    def graph_of(self, batch_descriptor: BatchDescriptor) -> Any:
+    def graph_of(self, batch_descriptor: BatchDescriptor) -> DeviceGraph:
         """The captured graph of ``batch_descriptor`` (a ``KeyError`` names the key if none)."""
         entry = self.entries.get(batch_descriptor)
         if entry is None or entry.graph is None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -32,7 +32,7 @@ from harness.graph.plan import PlanKind, PlannerConfig, StepPlan, StepPlanner
 from harness.graph.record import PATHS, PathError, RunRecord, StepRecord
 from harness.graph.runner import EagerRunner, Fixes, GraphRunner, Launched, RunnerConfig, StepInputs
 from harness.graph.scheduler import Batcher, ExplicitBatcher, RequestPlan, Step
-from harness.graph.shape import SINGLE_RANK, RankContext
+from harness.graph.shape import SINGLE_RANK, RankContext, StepFeature
 from harness.model import DecoderLM, ModelConfig, PagedKVCache, build_model
 from harness.model.parallel import make_kv_cache
 from harness.ops import fia_call_tags, fia_contract, observe_fia_calls, register_updatable_ops
@@ -79,7 +79,7 @@ class PipelineSpec:
     workload: Workload
     max_steps: int
     fia_contract: str = "strict"
-    features: tuple[Any, ...] = ()  # harness.features.Feature instances
+    features: tuple[StepFeature, ...] = ()
     num_speculative_tokens: int = 0
     drafter_layers: int = 1
 
@@ -98,7 +98,7 @@ class PipelineSpec:
 @dataclass
 class Path:
     name: str
-    batcher: Any
+    batcher: Batcher | ExplicitBatcher
     model: DecoderLM
     kv_cache: PagedKVCache
     tokens: dict[str, list[int]]
@@ -108,7 +108,7 @@ class Path:
 
 
 def run_pipeline(spec: PipelineSpec, engine: Engine, record: RunRecord, ctx: RankContext = SINGLE_RANK,
-                 rank_model: Any = None, reference: bool = True) -> RunRecord:
+                 rank_model: Callable[[DecoderLM], DecoderLM] | None = None, reference: bool = True) -> RunRecord:
     """Execute ``spec`` on ``engine``, filling ``record`` (also when something raises).
 
     ``reference=False``: skip the reference path and the plain greedy decode, which a peer
@@ -207,9 +207,10 @@ def _new_path(name: str, spec: PipelineSpec, model: DecoderLM, draft: DecoderLM 
     m, w = spec.model, spec.workload
     q = 1 + spec.num_speculative_tokens
     if w.explicit:
-        batcher: Any = ExplicitBatcher(w.explicit, block_size=m.block_size, num_blocks=m.num_blocks,
-                                       max_model_len=m.max_model_len)
-        lengths = dict(batcher.prompt_lengths)
+        explicit = ExplicitBatcher(w.explicit, block_size=m.block_size, num_blocks=m.num_blocks,
+                                   max_model_len=m.max_model_len)
+        batcher: Batcher | ExplicitBatcher = explicit
+        lengths = dict(explicit.prompt_lengths)
     else:
         batcher = Batcher(w.requests, m.block_size, m.num_blocks, spec.graph.max_num_seqs,
                           w.max_num_batched_tokens, decode_query_len=q)
@@ -437,7 +438,7 @@ class Stepper:
             graph_path.finished = True
 
 
-def feature_fix(features: Sequence[Any], switch: str) -> bool:
+def feature_fix(features: Sequence[StepFeature], switch: str) -> bool:
     """Whether fix ``switch`` is on: off when a speculating feature declares it switched off
     (the known-bad drafter); a feature that does not declare it leaves it on."""
     return all(f.fix_states.get(switch, True) for f in features if f.extra_query_tokens())

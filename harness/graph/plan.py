@@ -44,7 +44,7 @@ from harness.graph.metadata import (
 )
 from harness.graph.modes import CUDAGraphMode
 from harness.graph.scheduler import Step
-from harness.graph.shape import SINGLE_RANK, RankContext, RunShape, StepShape
+from harness.graph.shape import SINGLE_RANK, RankContext, RunShape, StepFeature, StepShape
 
 __all__ = ["PaddingLedger", "PlanKind", "PlannerConfig", "StepPlan", "StepPlanner"]
 
@@ -126,7 +126,7 @@ class PlannerConfig:
 class StepPlanner:
     """Owns the dispatcher; turns each step of one path into a :class:`StepPlan`."""
 
-    def __init__(self, config: PlannerConfig, features: Sequence[Any] = (), ctx: RankContext = SINGLE_RANK) -> None:
+    def __init__(self, config: PlannerConfig, features: Sequence[StepFeature] = (), ctx: RankContext = SINGLE_RANK) -> None:
         self.config, self.features, self.ctx = config, tuple(features), ctx
         multiple = math.lcm(1, *(f.token_multiple() for f in self.features))
         self.dispatcher = Dispatcher(config.mode, config.capture_sizes, config.uniform_decode_query_len,
@@ -193,8 +193,8 @@ class StepPlanner:
         shape = StepShape(own.num_tokens_padded, uniform, has_work=meta is not None, mode=own.runtime_mode,
                           accepts_padding=accepts)
         proposed = shape
-        added: dict[Any, int] = {}  # feature -> tokens it added to T
-        woke: Any = None  # the feature that gave an idle rank work (DP: a busy peer)
+        added: dict[StepFeature, int] = {}  # feature -> tokens it added to T
+        woke: StepFeature | None = None  # the feature that gave an idle rank work (DP: a busy peer)
         for feature in self.features:
             agreed = feature.agree(shape, self.ctx)
             if agreed.num_tokens != shape.num_tokens:
@@ -218,6 +218,7 @@ class StepPlanner:
             bucket = own_padding
         bucket += tokens - shape.num_tokens  # what the re-dispatch padded beyond the agreed count
         if meta is None:
+            assert woke is not None  # an idle rank that runs was woken by a peer's work
             idle = self._idle_metadata(decision)
             ledger = PaddingLedger(0, features=((woke.ledger or woke.name, tokens),))
             return StepPlan(PlanKind.IDLE, idle, decision, self._rank_view(idle), ledger, shape, True)
@@ -263,7 +264,7 @@ class StepPlanner:
         return flag
 
     # -- helpers ------------------------------------------------------------------------------
-    def _pad(self, meta: AttentionMetadata, decision: DispatchDecision, added: dict[Any, int]) -> AttentionMetadata:
+    def _pad(self, meta: AttentionMetadata, decision: DispatchDecision, added: dict[StepFeature, int]) -> AttentionMetadata:
         """Pad to T; tokens added by a feature whose fix is off are left out of the request lists."""
         cfg = self.config
         total = decision.num_tokens_padded

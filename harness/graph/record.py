@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:  # types only: a record is read (checks, reports) where torch may never load
+    from torch import Tensor
+
+    from harness.ops.observe import FiaCall
 
 PATHS = ("reference", "padded", "graph")
 """The three executions of every step: eager unpadded (the reference), eager with the graph
@@ -40,7 +45,7 @@ def categorize(error: BaseException) -> ErrorCategory:
     return ErrorCategory.CRASH
 
 
-def fia_calls_by_phase(calls: Any, path: str = "graph") -> dict[str, int]:
+def fia_calls_by_phase(calls: Iterable[FiaCall], path: str = "graph") -> dict[str, int]:
     """How many FIA calls one path made in each phase (its ``phase`` tag): for the graph path,
     what the engine under test issues in ``warmup``, ``capture``, ``step`` (eager),
     ``between-pieces`` (PIECEWISE), ``update`` (task groups after a FULL replay),
@@ -94,7 +99,7 @@ class StepRecord:
     # (spec decode: the accepted drafts and the bonus token; otherwise the sampled token)
     generated: dict[str, list[list[int]]] = field(default_factory=dict)
     proposed: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # path -> req -> draft tokens verified
-    logits: dict[str, Any] = field(default_factory=dict)  # path -> real-row logits (not serialised)
+    logits: dict[str, Tensor] = field(default_factory=dict)  # path -> real-row logits (not serialised)
     executed: list[dict[str, Any]] | None = None  # per layer: host lists the graph executed
     host_lists_unverifiable: bool = False  # a FULL replay on a backend that cannot report them
     # the graph path's draft (speculative decoding): its dispatch, and for a draft graph the host
@@ -112,7 +117,7 @@ class RunRecord:
     draft_graphs_captured: int = 0  # of them, the draft model's (harness.graph.draft_runner)
     capture_seconds: float = 0.0
     steps: list[StepRecord] = field(default_factory=list)
-    fia_calls: list[Any] = field(default_factory=list)  # harness.ops.FiaCall
+    fia_calls: list[FiaCall] = field(default_factory=list)
     texts: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # path -> req -> tokens
     unfinished: dict[str, list[str]] = field(default_factory=dict)  # path -> requests the step limit cut short
     errors: list[PathError] = field(default_factory=list)

@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from harness.engine.protocol import Engine
+from harness.engine.protocol import DeviceEvent, DeviceGraph, Engine
 from harness.graph.capability import AttentionPath
 from harness.graph.dispatcher import BatchDescriptor
 from harness.graph.graph_wrapper import CaptureMonitor, GraphWrapper, get_forward_context, set_forward_context
@@ -57,6 +57,9 @@ from harness.ops.attention import (
     fia_kwargs,
     update_layers,
 )
+
+if TYPE_CHECKING:  # the draft runner imports this module
+    from harness.graph.draft_runner import DraftGraphRunner
 
 __all__ = ["AttentionStyle", "EagerRunner", "Fixes", "GraphRunner", "Launched", "RunnerConfig", "StepInputs", "fia_attend"]
 
@@ -139,12 +142,12 @@ class Launched:
 
     logits: Tensor  # the real rows, on the device
     sampled: Tensor | None = None  # the greedy token of each sampled row, on the device
-    graph: Any = None  # the FULL graph replayed, if any
+    graph: DeviceGraph | None = None  # the FULL graph replayed, if any
     replay: int | None = None  # which of its replays (the emulator logs each)
     num_reqs: int = 0  # the padded request count of the replay
     buffers: tuple[Tensor, Tensor] | None = None  # device path: copies of the lengths the replay read
     read_back: tuple[Tensor, ...] | None = None  # host copies of logits (and buffers), filled when ready
-    ready: Any = None  # the event after those copies (async scheduling): the host waits on it only
+    ready: DeviceEvent | None = None  # the event after those copies (async scheduling): the host waits on it only
 
 
 def _block_table(meta: AttentionMetadata, device: torch.device) -> Tensor:
@@ -229,7 +232,7 @@ class GraphRunner:
         # One pool for every graph of the run, the drafter's too (vLLM Ascend: the platform's
         # global graph pool, shared by every ACLGraphWrapper).
         self.pool = pool = engine.graph_pool_handle() if mode is not CUDAGraphMode.NONE else None
-        self.drafter: Any = None  # the draft model's graphs (a DraftGraphRunner), captured with each key
+        self.drafter: DraftGraphRunner | None = None  # the draft model's graphs, captured with each key
         wrap: dict[str, Any] = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses,
                     capture_error_guidance=config.capture_error_guidance)
         # vLLM Ascend synchronizes before a FULL replay so that the host update of this step
@@ -237,7 +240,7 @@ class GraphRunner:
         # CUDA graph wrapper has no such sync.
         full_sync = not self.device_buffers and config.fixes.sync_before_replay
         self.piece_wrappers: list[GraphWrapper] = []
-        pieces: list[Any] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
+        pieces: list[Callable[..., Any]] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
         if mode.has_piecewise_cudagraphs():
             # only the last piece's output is used by no later graph (vLLM: weak_ref_output=is_last_graph)
             self.piece_wrappers = [GraphWrapper(p, CUDAGraphMode.PIECEWISE, weak_ref_output=i == len(pieces) - 1,
@@ -245,7 +248,7 @@ class GraphRunner:
             pieces = list(self.piece_wrappers)
         self.pieces = pieces
         self.full_wrapper: GraphWrapper | None = None
-        self.forward: Any = self._forward
+        self.forward: Callable[..., Tensor] = self._forward
         if mode.has_full_cudagraphs():
             self.full_wrapper = self.forward = GraphWrapper(self._forward, CUDAGraphMode.FULL, name="forward",
                                                             sync_before_replay=full_sync, **wrap)
@@ -539,6 +542,7 @@ class GraphRunner:
         taken right after the replay; else None (the text is the evidence)."""
         names = ("actual_seq_lengths", "actual_seq_lengths_kv")
         graph, num_reqs = launched.graph, launched.num_reqs
+        assert graph is not None  # only a FULL replay is read back
         if self.engine.capabilities.reports_executed_arguments:
             if not self.device_buffers:  # the host lists each FIA ran with, whole
                 return self.engine.executed_host_arguments(graph, FIA_OP_NAME, names, replay=launched.replay)

@@ -10,6 +10,7 @@ that accepts differently shows up as a mismatch at the step where it did.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -166,6 +167,11 @@ class ExplicitBatcher:
 
     def unfinished(self) -> list[str]:
         return []  # teacher-forced: a request is whatever its steps give it
+
+    def remaining_output(self, req_id: str) -> int:
+        """Teacher-forced: the steps give a request its tokens, and nothing caps them (no step
+        of an explicit workload verifies drafts, the only reader of this)."""
+        return sys.maxsize
 
     def next_step(self) -> Step | None:
         return self.steps[self.index] if not self.done else None

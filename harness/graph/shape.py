@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping, Protocol
 
 from harness.graph.modes import CUDAGraphMode
+
+if TYPE_CHECKING:  # types only: the features import this module at collection, without torch
+    from torch.distributed import ProcessGroup
+
+    from harness.graph.metadata import AttentionMetadata
+    from harness.ops.attention import AttentionStyle
 
 
 @dataclass(frozen=True)
@@ -14,7 +20,7 @@ class RankAxis:
 
     size: int = 1
     rank: int = 0
-    group: Any = None  # a torch.distributed group; None when the axis has one rank
+    group: ProcessGroup | None = None  # None when the axis has one rank
 
 
 @dataclass(frozen=True)
@@ -64,3 +70,30 @@ class RunShape:
 
     num_tokens: int  # padded token count
     runtime_mode: CUDAGraphMode
+
+
+class StepFeature(Protocol):
+    """What the pipeline under test asks of a feature, step by step.
+
+    :class:`harness.features.Feature` implements it; the planner and the pipeline know features
+    only through it, so that ``graph`` never imports ``features`` (they import ``graph``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def ledger(self) -> str: ...  # its column in the padding ledger ("": its name)
+    @property
+    def fix_states(self) -> Mapping[str, bool]: ...  # its fix switches, on or off
+
+    @property
+    def fix_on(self) -> bool: ...  # every fix switch on
+    @property
+    def fixes_off(self) -> list[str]: ...
+    def extra_query_tokens(self) -> int: ...
+    def token_multiple(self) -> int: ...
+    def pads_requests_without_full(self) -> bool | None: ...
+    def agree(self, shape: StepShape, ctx: RankContext) -> StepShape: ...
+    def any_rank(self, flag: bool, ctx: RankContext) -> bool: ...
+    def rank_metadata(self, meta: AttentionMetadata, ctx: RankContext, block_size: int) -> AttentionMetadata: ...
+    def attention_style(self, ctx: RankContext) -> AttentionStyle | None: ...
+    def before_forward(self, shape: RunShape, ctx: RankContext, step: int) -> None: ...

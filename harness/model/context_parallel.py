@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.distributed import ProcessGroup
 
 from harness.model.config import ModelConfig
 from harness.model.decoder import Attend, attention_scale
@@ -293,7 +294,7 @@ def make_cp_attend(
     config: ModelConfig,
     cp: int,
     rank: int,
-    group: Any,
+    group: ProcessGroup,
     per_rank_metadata: CPRankMetadata,
     *,
     scale: float | None = None,
@@ -343,7 +344,7 @@ def make_cp_attend(
     return attend
 
 
-def cp_combine(out: Tensor, lse: Tensor, cp: int, group: Any, *, gather: str = "functional") -> Tensor:
+def cp_combine(out: Tensor, lse: Tensor, cp: int, group: ProcessGroup | None, *, gather: str = "functional") -> Tensor:
     """All-gather this rank's partial attention and merge the ranks' parts with their LSE.
 
     ONE ``all_gather`` of ``cat([out, lse], -1)`` across the CP group, then
@@ -354,6 +355,7 @@ def cp_combine(out: Tensor, lse: Tensor, cp: int, group: Any, *, gather: str = "
 
     if cp == 1:
         return out
+    assert group is not None, "cp > 1 needs the CP group"
     t, n, d = out.shape
     packed = torch.cat([out.float(), lse.float()], dim=-1)  # [T, N, D+1]: one collective
     group_name = funcol._resolve_group_name(group)

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 import torch.distributed._functional_collectives  # noqa: F401  (registers the Meta kernels)
 from torch import Tensor
+from torch.distributed import ProcessGroup
 
 from harness.model.config import ModelConfig
 from harness.model.kv_cache import PagedKVCache
@@ -103,7 +104,7 @@ class ParallelContext:
 
     tp: int = 1
     tp_rank: int = 0
-    group: Any = None
+    group: ProcessGroup | None = None
     sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
@@ -123,7 +124,7 @@ class ParallelContext:
                 raise ValueError(f"tp={self.tp} but the group has {size} ranks")
 
     @classmethod
-    def from_group(cls, group: Any, *, sequence_parallel: bool = False) -> ParallelContext:
+    def from_group(cls, group: ProcessGroup, *, sequence_parallel: bool = False) -> ParallelContext:
         """Context for this process in ``group`` (tp = group size, tp_rank = rank in group)."""
         return cls(tp=group.size(), tp_rank=group.rank(), group=group,
                    sequence_parallel=sequence_parallel)

@@ -50,11 +50,17 @@ def expand_paths(paths: list[str]) -> tuple[list[Path], list[str]]:
     return files, nothing
 
 
-def check(argv: list[str]) -> int:
-    # The command line is the top of the stack: it may use the collection the plugin uses
-    # (which needs the harness's preflight); the package itself stays free of it.
-    from harness.cli import add_check_options
+def add_check_options(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``check``: ``python -m harness.scenario check``'s and ``graph-harness check``'s."""
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="a scenario file, a directory (its .yaml/.yml files, recursively) or a quoted glob")
+    parser.add_argument("--mode", default=None, metavar="M[,M...]",
+                        help="expand files that name no mode into these modes, as pytest --mode does")
+    parser.add_argument("--items", action="store_true", help="list every item of every valid file")
+    return parser
 
+
+def check(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.scenario check",
                                      description="Validate scenario files as pytest collects them.")
     try:
@@ -65,6 +71,8 @@ def check(argv: list[str]) -> int:
 
 
 def run_check(paths: list[str], *, mode: str | None = None, items: bool = False) -> int:
+    # The command line is the top of the stack: it may use the collection the plugin uses
+    # (which needs the harness's preflight); the package itself stays free of it.
     from harness.collection import collect_points, parse_modes
 
     try:
