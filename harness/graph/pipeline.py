@@ -358,7 +358,7 @@ class Stepper:
                     rec.host_lists_unverifiable = plan.runtime_mode is CUDAGraphMode.FULL and rec.executed is None
                 else:
                     with self.runner.engine.stream(self.eager_stream):
-                        logits = self.eager[name].execute(inputs).cpu()
+                        logits = self.eager[name].execute(inputs, attention=plan.builds_attention).cpu()
                 rec.seconds[name] = time.perf_counter() - started
         if plan.kind is PlanKind.IDLE:  # an idle DP rank ran dummies: nothing to sample
             path.batcher.commit(None, {}, {})

@@ -101,6 +101,14 @@ class StepPlan:
         return RunShape(self.num_tokens_padded, self.runtime_mode)
 
     @property
+    def builds_attention(self) -> bool:
+        """Whether the step's attention gets metadata. An idle rank's dummy step builds none
+        unless it replays a FULL graph (vLLM Ascend ``_dummy_run``:
+        ``_should_build_dummy_attn_metadata`` is ``force_attention`` or FULL): its attention
+        returns zeros and FIA is not called."""
+        return self.kind is not PlanKind.IDLE or self.runtime_mode is CUDAGraphMode.FULL
+
+    @property
     def dispatch_reason(self) -> str:
         return self.decision.reason if self.decision else "reference: eager, unpadded"
 

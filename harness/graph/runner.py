@@ -167,11 +167,17 @@ class EagerRunner:
     def __init__(self, model: DecoderLM, kv_cache: PagedKVCache, style: AttentionStyle = AttentionStyle()) -> None:
         self.model, self.kv_cache, self.style = model, kv_cache, style
 
-    def execute(self, inputs: StepInputs) -> Tensor:
+    def execute(self, inputs: StepInputs, *, attention: bool = True) -> Tensor:
+        """``attention=False``: a step without attention metadata (an idle rank's non-FULL dummy):
+        every attention returns zeros, as upstream's does without metadata."""
         meta, device = inputs.meta, self.kv_cache.device
-        logits: Tensor = self.model(*_step_tensors(inputs.input_ids, meta, device), self.kv_cache,
-                                    fia_attend(self.model, meta, _block_table(meta, device), self.style))
+        attend = fia_attend(self.model, meta, _block_table(meta, device), self.style) if attention else _no_attention
+        logits: Tensor = self.model(*_step_tensors(inputs.input_ids, meta, device), self.kv_cache, attend)
         return logits[: meta.num_actual_tokens]
+
+
+def _no_attention(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
+    return torch.zeros_like(query)
 
 
 class _Piece:
@@ -400,13 +406,14 @@ class GraphRunner:
             # Eager, through the wrappers (they pass it on): fresh tensors of the batch's own size.
             args = _step_tensors(input_ids, meta, self.device)
             self._fill_sampled(args[0], fills, previous)
-            with set_forward_context(CUDAGraphMode.NONE, None, self._live(meta, _block_table(meta, self.device))):
+            eager_live = self._live(meta, _block_table(meta, self.device)) if plan.builds_attention else None
+            with set_forward_context(CUDAGraphMode.NONE, None, eager_live):
                 logits = self.forward(*args)
             return self._launched(logits[: meta.num_actual_tokens], sample_rows)
         self._write_static(StepInputs(meta, input_ids))
         self._fill_sampled(self.input_ids, fills, previous)
         key, mode = decision.graph_key, decision.runtime_mode
-        live = self._live(meta, self.block_table)
+        live = self._live(meta, self.block_table) if plan.builds_attention else None
         if self.device_buffers and mode is CUDAGraphMode.FULL:
             self._refresh_device_buffers(meta, kv_lengths=self.config.fixes.refresh_device_buffers)
             self._observe_device_lengths(key)
@@ -414,6 +421,7 @@ class GraphRunner:
             with set_forward_context(mode, key, live):
                 logits = self.forward(*self._static_args(meta))  # a replay (the runnable is not called)
                 if mode is CUDAGraphMode.FULL:
+                    assert live is not None  # a FULL step always builds its attention's metadata
                     self._update_full_graph_params(key, live.kwargs)
         except BaseException:
             # What was launched runs on a device whatever the host does next (the update releases

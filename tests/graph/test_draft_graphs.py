@@ -129,3 +129,38 @@ def test_no_draft_graphs_without_vllm_compile():
     assert all(s.draft["mode"] == "NONE" for s in record.steps if s.draft)
     assert "draft-capture" not in fia_calls_by_phase(record.fia_calls)
     assert all(check.passed for check in checks.values())
+
+
+IDLE = """
+name: idle_rank_attention
+model: {kind: random, layers: 2, max_model_len: 64}
+graph: {mode: MODE, capture_sizes: [1, 2, 4, 8], max_num_seqs: 8}
+features: {dp: {size: 2, batches: idle}}
+steps: 3
+workload:
+  requests:
+    - {prompt_len: 3, output_len: 3}
+"""
+
+
+@pytest.mark.parametrize("mode, attends", [("NONE", False), ("PIECEWISE", False), ("FULL_DECODE_ONLY", True)])
+def test_an_idle_dp_rank_attends_only_in_its_full_dummy_steps(mode, attends):
+    """vLLM Ascend's ``execute_dummy_batch`` runs ``_dummy_run``, which builds attention metadata
+    only for a FULL run (``_should_build_dummy_attn_metadata``); without it the attention
+    returns zeros and FIA is not called. Rank 1 gets no request: every step of its graph and
+    padded paths is a dummy. In FULL_DECODE_ONLY its dummy is one uniform request, which replays
+    the uniform FULL graph (``rules/dp_idle_rank.yaml``)."""
+    from harness.executor import rank_job
+    from harness.ranks import run_ranks
+
+    (point,) = load_scenario_text(IDLE.replace("MODE", mode))
+    item = resolve_item(point.scenario)
+    outcome = run_ranks(rank_job, 2, args=(item,), timeout=300)
+    assert outcome.ok, outcome.report()
+    (busy, busy_checks), (idle, idle_checks) = outcome.results
+    assert all(not s.sampled.get("graph") for s in idle.steps)  # idle throughout: nothing sampled
+    for path in ("graph", "padded"):
+        at_steps = {k: n for k, n in fia_calls_by_phase(idle.fia_calls, path).items() if k not in ("warmup", "capture")}
+        assert bool(at_steps) is attends, (path, at_steps)
+        assert set(fia_calls_by_phase(busy.fia_calls, path)) - {"warmup", "capture"}  # the busy rank attends
+    assert all(c.passed for c in (*busy_checks.values(), *idle_checks.values()))
