@@ -36,8 +36,9 @@ def execute(item: ResolvedItem) -> tuple[dict[str, CheckResult], RunRecord]:
     """The item's checks and the run evidence to show (a failing rank's, else rank 0's).
 
     Raises :class:`PointSkipped` where this machine has fewer devices than the item has ranks
-    (NCCL refuses two ranks on one GPU). A rank that crashes, hangs or times out fails the item's
-    ``execution`` check with its log; it never raises."""
+    (NCCL refuses two ranks on one GPU). A rank process that crashes, hangs or times out fails
+    the item's ``execution`` check with its log; a world of one raises what its run raises
+    (:func:`harness.session.run_point` makes that the item's result)."""
     if item.world_size == 1:
         record, checks = run_rank(item)
         return checks, record

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -57,9 +57,6 @@ from harness.ops.attention import (
     fia_kwargs,
     update_layers,
 )
-
-if TYPE_CHECKING:  # the draft runner imports this module
-    from harness.graph.draft_runner import DraftGraphRunner
 
 __all__ = ["AttentionStyle", "EagerRunner", "Fixes", "GraphRunner", "Launched", "RunnerConfig", "StepInputs", "fia_attend"]
 
@@ -116,6 +113,16 @@ def attend_live(query: Tensor, key_cache: Tensor, value_cache: Tensor, meta: Att
     real = meta.actual_seq_lengths[-1] if meta.actual_seq_lengths else 0
     out = attend_eager(query[:real], key_cache, value_cache, kwargs, style)
     return torch.cat([out, out.new_zeros((query.shape[0] - real, *out.shape[1:]))])
+
+
+class DraftGraphs(Protocol):
+    """What the target's runner asks of the draft model's graphs
+    (:class:`~harness.graph.draft_runner.DraftGraphRunner`, which imports this module)."""
+
+    @property
+    def graphs_captured(self) -> int: ...
+    def dummy_run(self, runtime_mode: CUDAGraphMode, key: BatchDescriptor) -> None: ...
+    def release(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -238,7 +245,7 @@ class GraphRunner:
         # One pool for every graph of the run, the drafter's too (vLLM Ascend: the platform's
         # global graph pool, shared by every ACLGraphWrapper).
         self.pool = pool = engine.graph_pool_handle() if mode is not CUDAGraphMode.NONE else None
-        self.drafter: DraftGraphRunner | None = None  # the draft model's graphs, captured with each key
+        self.drafter: DraftGraphs | None = None  # the draft model's graphs, captured with each key
         wrap: dict[str, Any] = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses,
                     capture_error_guidance=config.capture_error_guidance)
         # vLLM Ascend synchronizes before a FULL replay so that the host update of this step
