@@ -90,15 +90,11 @@ def slow_first(items: list[pytest.Item]) -> None:
 def unsupported(point: dict[str, Any]) -> str | None:
     """Why a (possibly partial) point cannot run: a feature does not model it (asking the
     features themselves), or the real engine refuses to start it."""
-    from harness.features import active_features
+    from harness.features import active_features, unsupported_reason
     from harness.resolve import refused_at_start_up
 
     features = active_features(point.get("features", {}), point.get("fixes", {}))
-    for feature in features:
-        reason = feature.unsupported(point)
-        if reason:
-            return f"{feature.name}: {reason}"
-    return refused_at_start_up(point, features)
+    return unsupported_reason(features, point) or refused_at_start_up(point, features)
 
 
 def ranks(point: dict[str, Any]) -> int:

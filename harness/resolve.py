@@ -23,8 +23,8 @@ from harness import features as registry
 from harness.engine.protocol import CAPABILITIES, Capabilities, DeviceRules, StreamConfig
 from harness.features import Feature, ItemFeatures, active_features
 from harness.graph.capability import ATTENTION_BACKENDS, AttentionPathUnavailable, Resolution, resolve
-from harness.graph.capture_sizes import EngineRefusal, SizeResolution, resolve_sizes, spec_decode_rounding
-from harness.graph.modes import CUDAGraphMode, parse_mode, resolve_mode
+from harness.graph.capture_sizes import EngineRefusal, Platform, SizeResolution, resolve_sizes, spec_decode_rounding
+from harness.graph.modes import CompilationModeName, CUDAGraphMode, ModeResolution, parse_mode, resolve_mode
 from harness.graph.stream_budget import BudgetDecision, stream_budget
 from harness.model.config import ModelConfig
 from harness.scenario import Scenario
@@ -108,10 +108,28 @@ class ResolvedItem:
         return [f"stack {self.stack.name}: {self.stack.summary}", *self.graph.warnings, *self.sizes.notes]
 
 
+#: A point the real engine refuses to start is skipped with these words (``stack``: its profile).
+REFUSED = "the real engine refuses to start (stack {stack}): {why}"
+
+
 def scenario_features(scenario: Scenario) -> list[Feature]:
     """The scenario's enabled features, each with its typed settings and fix switches."""
-    settings = {name: getattr(scenario.features, name) for name in scenario.features.model_dump()}
-    return active_features(settings, scenario.fixes.model_dump())
+    return active_features(_feature_settings(scenario), scenario.fixes.model_dump())
+
+
+def _feature_settings(scenario: Scenario) -> dict[str, Any]:
+    """Each feature's typed settings section, by its name under ``features:``."""
+    return {name: getattr(scenario.features, name) for name in scenario.features.model_dump()}
+
+
+def _start_up(stack: str | None, mode: str, *, compilation_mode: CompilationModeName,
+              platform: Platform) -> tuple[StackProfile, ModeResolution]:
+    """The stack's profile and the graph mode its platform lets start (compilation mode,
+    FULL_AND_PIECEWISE on older releases), before any attention backend has its say."""
+    profile_ = profile(stack)
+    return profile_, resolve_mode(parse_mode(mode), compilation_mode=compilation_mode, platform=platform,
+                                  full_and_piecewise=profile_.full_and_piecewise,
+                                  npu_unsupported_compilation=profile_.npu_unsupported_compilation)
 
 
 def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract: str | None = None,
@@ -131,6 +149,10 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
     if stack is not None and scenario.stack is None:
         scenario = scenario.model_copy(update={"stack": profile(stack).name})
     m, g, engine = scenario.model, scenario.graph, scenario.engine
+    settings = _feature_settings(scenario)
+    # the platform's start-up rules first, then the attention backend's support (vLLM's model
+    # runner resolves after the platform)
+    stack_profile, startup = _start_up(scenario.stack, g.mode, compilation_mode=g.compilation_mode, platform=g.platform)
     try:
         model = ModelConfig(kind=m.kind, num_layers=m.layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
                             num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, vocab_size=m.vocab_size,
@@ -140,28 +162,20 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
         named = next((f for f in type(m).model_fields if f in str(error)), None)
         raise ItemProblem(f"model.{named}" if named else "model", str(error)) from None
     try:
-        needs: ItemFeatures = registry.item_features(
-            {name: getattr(scenario.features, name) for name in scenario.features.model_dump()},
-            scenario.fixes.model_dump(), scenario.model_dump(mode="json"), model)
+        needs: ItemFeatures = registry.item_features(settings, scenario.fixes.model_dump(),
+                                                     scenario.model_dump(mode="json"), model)
     except ValueError as error:
         raise ItemProblem("features", str(error)) from None
     if needs.model_problem is not None:
         raise ItemProblem(*needs.model_problem)
     skip, q = needs.unsupported, needs.uniform_decode_query_len
-    stack_profile = profile(scenario.stack)
-    refused = f"the real engine refuses to start (stack {stack_profile.name}): "
     capabilities = CAPABILITIES[backend]
-    # the platform's start-up rules first (compilation mode, FULL_AND_PIECEWISE on older releases),
-    # then the attention backend's support: vLLM's model runner resolves after the platform
-    startup = resolve_mode(parse_mode(g.mode), compilation_mode=g.compilation_mode, platform=g.platform,
-                           full_and_piecewise=stack_profile.full_and_piecewise,
-                           npu_unsupported_compilation=stack_profile.npu_unsupported_compilation)
     try:
         graph = resolve(startup.mode, ATTENTION_BACKENDS[g.attention_backend], uniform_decode_query_len=q,
                         task_updates=capabilities.task_updates, metadata=g.attention_metadata,
                         splitting_ops_contain_attention=g.compilation_mode == "VLLM_COMPILE")
     except EngineRefusal as refusal:
-        raise PointSkipped(skip or f"{refused}{refusal}") from None
+        raise PointSkipped(skip or REFUSED.format(stack=stack_profile.name, why=refusal)) from None
     except AttentionPathUnavailable as unavailable:
         raise PointSkipped(skip or f"unsupported on {backend}: {unavailable}") from None
     graph = replace(graph, requested=startup.requested, warnings=startup.notes + graph.warnings)
@@ -175,7 +189,7 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
                               capture_max_num_seqs=stack_profile.capture_max_num_seqs,
                               mixed_graphs=graph.mixed_graphs, max_model_len=model.max_model_len)
     except EngineRefusal as refusal:
-        raise PointSkipped(skip or f"{refused}{refusal}") from None
+        raise PointSkipped(skip or REFUSED.format(stack=stack_profile.name, why=refusal)) from None
     except ValueError as error:
         field = "graph.max_capture_size" if "max_cudagraph_capture_size" in str(error) else "graph.capture_sizes"
         raise ItemProblem(field, str(error)) from None
@@ -191,7 +205,7 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
     try:
         budget = stream_budget(policy, sizes.sizes, **legacy)
     except EngineRefusal as refusal:  # v0.18.0's update_aclgraph_sizes crashes when it keeps one size
-        raise PointSkipped(f"{refused}{refusal}") from None
+        raise PointSkipped(REFUSED.format(stack=stack_profile.name, why=refusal)) from None
     if needs.world_size > MAX_WORLD_SIZE:
         raise ItemProblem("features", f"the features need {needs.world_size} ranks (one process each), above the "
                                       f"maximum world size of {MAX_WORLD_SIZE}")
@@ -216,16 +230,13 @@ def refused_at_start_up(point: Mapping[str, Any], features: Sequence[Feature]) -
     common multiple). Without an attention backend's downgrade: the cross product names none."""
     graph = point.get("graph") or {}
     default = {name: info.default for name, info in GraphSpec.model_fields.items()}
-    stack = profile(point.get("stack"))
-    startup = resolve_mode(parse_mode(str(graph.get("mode", default["mode"]))),
-                           compilation_mode=graph.get("compilation_mode", default["compilation_mode"]),
-                           platform=graph.get("platform", default["platform"]),
-                           full_and_piecewise=stack.full_and_piecewise,
-                           npu_unsupported_compilation=stack.npu_unsupported_compilation)
+    stack, startup = _start_up(point.get("stack"), str(graph.get("mode", default["mode"])),
+                               compilation_mode=graph.get("compilation_mode", default["compilation_mode"]),
+                               platform=graph.get("platform", default["platform"]))
     try:
         spec_decode_rounding(registry.size_constraints(features),
                              decode_full=startup.mode.decode_mode() is CUDAGraphMode.FULL,
                              spec_sp_multiple=stack.spec_sp_multiple)
     except EngineRefusal as refusal:
-        return f"the real engine refuses to start (stack {stack.name}): {refusal}"
+        return REFUSED.format(stack=stack.name, why=refusal)
     return None

@@ -60,3 +60,11 @@ class TaskUpdateError(EngineError):
 
 class UnsupportedOnBackend(EngineError):
     """The selected backend cannot honour this call (for example task groups on CUDA graphs)."""
+
+
+def reads_no_graph(backend: str, hook: str) -> UnsupportedOnBackend:
+    """The refusal of a graph read-out ``hook`` by a native backend: its graphs are the runtime's
+    own, and only the emulator reports what a replay ran. Callers ask
+    ``capabilities.reports_executed_arguments`` first, so this is raised only on a misuse."""
+    return UnsupportedOnBackend(f"{backend}: {hook}: the backend reads no graph of its own: only the emulator "
+                                "reports what a replay ran (capabilities.reports_executed_arguments)")

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch_npu  # noqa: F401  (registers torch.npu)
 
-from .errors import STREAM_EXHAUSTED_CODE, StreamBudgetError, UnsupportedOnBackend
+from .errors import STREAM_EXHAUSTED_CODE, StreamBudgetError, UnsupportedOnBackend, reads_no_graph
 from .protocol import CAPABILITIES, ArgumentReader, DeviceGraph, DeviceRules, Kernel, StreamConfig, StreamUsage
 
 
@@ -112,17 +112,14 @@ def reset_device(stream_config: StreamConfig | None = None, rules: DeviceRules |
     _stream_pool_size = config.pool_size
 
 
-_NOT_READ = "reads no graph of its own: only the emulator reports what a replay ran (capabilities.reports_executed_arguments)"
-
-
 def executed_host_arguments(graph: DeviceGraph, op_name: str, names: tuple[str, ...],
                             replay: int | None = None) -> list[dict[str, Any]]:
-    raise UnsupportedOnBackend(f"{name}: executed_host_arguments: the backend {_NOT_READ}")
+    raise reads_no_graph(name, "executed_host_arguments")
 
 
 def register_updatable_op(qualified_name: str) -> None:
-    raise UnsupportedOnBackend(f"{name}: register_updatable_op: the backend {_NOT_READ}")
+    raise reads_no_graph(name, "register_updatable_op")
 
 
 def register_observed_op(qualified_name: str, reader: ArgumentReader) -> None:
-    raise UnsupportedOnBackend(f"{name}: register_observed_op: the backend {_NOT_READ}")
+    raise reads_no_graph(name, "register_observed_op")

@@ -130,9 +130,14 @@ def item_features(settings: Mapping[str, Any], fixes: Mapping[str, bool], scenar
     """Make the enabled features (:func:`active_features`) and ask each what the item needs:
     ``scenario`` is the whole scenario as plain data (a feature's ``unsupported`` reads it)."""
     features = tuple(active_features(settings, fixes))
-    unsupported = next((f"{f.name}: {reason}" for f in features if (reason := f.unsupported(scenario))), None)
     return ItemFeatures(features, uniform_decode_query_len(features), tuple(size_constraints(features)),
-                        world_size(features), budget_inputs(features), unsupported, model_problem(features, model))
+                        world_size(features), budget_inputs(features), unsupported_reason(features, scenario),
+                        model_problem(features, model))
+
+
+def unsupported_reason(features: Iterable[Feature], scenario: Mapping[str, Any]) -> str | None:
+    """``"<feature>: why"`` of the first feature that cannot run ``scenario`` (plain data), else None."""
+    return next((f"{f.name}: {reason}" for f in features if (reason := f.unsupported(scenario))), None)
 
 
 def rank_model(features: Sequence[Feature], ctx: RankContext) -> Callable[[DecoderLM], DecoderLM] | None:
@@ -169,5 +174,5 @@ __all__ = [
     "FeatureSettings", "FixSwitch", "ItemFeatures", "RankAxisFeature", "RankContext", "SequenceParallel", "SizeConstraint",
     "SpeculativeDecoding", "StepShape", "active_features", "all_fix_switches", "budget_inputs", "check_agreement",
     "feature_label", "item_features", "ledger_colours", "model_problem", "rank_model", "registry",
-    "size_constraints", "uniform_decode_query_len", "world_size",
+    "size_constraints", "uniform_decode_query_len", "unsupported_reason", "world_size",
 ]
