@@ -133,12 +133,13 @@ def _start_up(stack: str | None, mode: str, *, compilation_mode: CompilationMode
 
 
 def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract: str | None = None,
-                 stack: str | None = None) -> ResolvedItem:
+                 stack: str | None = None, dispatch_lines: Sequence[int | None] = ()) -> ResolvedItem:
     """Resolve ``scenario`` for ``backend`` (a resolved name: emulated, cuda or npu).
 
     ``fia_contract`` overrides the scenario's contract (``--fia-contract``); ``stack`` is the
-    profile of a scenario that names none (``--stack``). Raises :class:`ItemProblem` for what the
-    harness cannot run as written (checked first, so a bad file is reported even where the point
+    profile of a scenario that names none (``--stack``); ``dispatch_lines`` are the file lines
+    of its ``expect.dispatch`` rows (:attr:`ScenarioPoint.dispatch_lines`), for the check's
+    words. Raises :class:`ItemProblem` for what the harness cannot run as written (checked first, so a bad file is reported even where the point
     would be skipped) and :class:`PointSkipped` for a point that cannot run.
 
     Each decision calls the module that owns it, once, in the engine's order: the features, the
@@ -146,13 +147,15 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
     the stream budget."""
     if fia_contract is not None:
         scenario = scenario.model_copy(update={"fia_contract": fia_contract})
-    if stack is not None and scenario.stack is None:
-        scenario = scenario.model_copy(update={"stack": profile(stack).name})
-    m, g, engine = scenario.model, scenario.graph, scenario.engine
     settings = _feature_settings(scenario)
+    g = scenario.graph
     # the platform's start-up rules first, then the attention backend's support (vLLM's model
     # runner resolves after the platform)
-    stack_profile, startup = _start_up(scenario.stack, g.mode, compilation_mode=g.compilation_mode, platform=g.platform)
+    stack_profile, startup = _start_up(scenario.stack or stack, g.mode, compilation_mode=g.compilation_mode,
+                                       platform=g.platform)
+    if scenario.stack is None and stack is not None:  # the report names the profile it ran
+        scenario = scenario.model_copy(update={"stack": stack_profile.name})
+    m, engine = scenario.model, scenario.engine
     try:
         model = ModelConfig(kind=m.kind, num_layers=m.layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
                             num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, vocab_size=m.vocab_size,
@@ -213,7 +216,8 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
     rules = DeviceRules(rng_in_capture=stack_profile.rng_in_capture,
                         capture_survives_rejected_sync=stack_profile.capture_survives_rejected_sync,
                         generator_registration=stack_profile.generator_registration)
-    rows = tuple({**row.pinned(), "step": row.step, "rank": row.rank, "for_mode": row.for_mode, "index": i}
+    rows = tuple({**row.pinned(), "step": row.step, "rank": row.rank, "for_mode": row.for_mode, "index": i,
+                  "line": dispatch_lines[i] if i < len(dispatch_lines) else None}
                  for i, row in enumerate(scenario.expect.dispatch or ()) if row.for_stack in (None, stack_profile.name))
     return ResolvedItem(scenario, backend, capabilities, stack_profile, needs.features, needs.world_size, q, graph,
                         sizes, budget, model, streams, rules, rows)

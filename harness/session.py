@@ -90,10 +90,11 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
         result.outcome, result.verdict = FAILED, f"backend unavailable: {problem}"
         return result
     try:
-        item = resolve_item(scenario, resolved, fia_contract=fia_contract, stack=stack)
+        item = resolve_item(scenario, resolved, fia_contract=fia_contract, stack=stack,
+                            dispatch_lines=point.dispatch_lines)
         result.scenario = item.scenario.model_dump(mode="json")
         result.checks, result.record = execute(item)
-        result.outcome, result.verdict = judge(point, result.checks, result.record)
+        result.outcome, result.verdict = judge(scenario.expect, result.checks, result.record)
     except PointSkipped as skipped:
         result.verdict = skipped.reason
     except ItemProblem as refused:  # collection refuses it; a direct caller gets this

@@ -8,30 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from harness.checks import CHECKS, EXECUTION, CheckName, CheckResult
-from harness.checks.dispatch_table import summarize_mismatches
 from harness.graph.record import RunRecord
-from harness.scenario import Expect, ScenarioPoint, locate
+from harness.scenario import Expect
 
 __all__ = ["FAILED", "PASSED", "SKIPPED", "XFAILED", "decide", "judge"]
 
 PASSED, FAILED, XFAILED, SKIPPED = "passed", "failed", "xfailed", "skipped"
 
 
-def judge(point: ScenarioPoint, checks: dict[str, CheckResult], record: RunRecord) -> tuple[str, str]:
-    """The outcome of ``point`` and its one-line verdict. A mismatching dispatch row's summary
-    gains its file line first (``expect.dispatch[2] (line 31)``), so the verdict names it."""
-    table = checks.get(CheckName.DISPATCH)
-    if table is not None and not table.passed:
-        lines: dict[int, int | None] = {}
-        for entry in table.details.get("table_mismatches", []):
-            i = entry["row"]
-            if i not in lines:
-                lines[i] = locate(point.source.path, f"expect.dispatch.{i}") if point.source.path else None
-            if lines[i]:
-                entry["line"] = lines[i]
-                entry["text"] = entry["text"].replace(f"expect.dispatch[{i}]:", f"expect.dispatch[{i}] (line {lines[i]}):", 1)
-        table.summary = summarize_mismatches(table.details["table_mismatches"])
-    outcome, verdict = decide(point.scenario.expect, checks)
+def judge(expect: Expect, checks: dict[str, CheckResult], record: RunRecord) -> tuple[str, str]:
+    """An item's outcome and its one-line verdict: :func:`decide`, and a run that compared
+    nothing never passes."""
+    outcome, verdict = decide(expect, checks)
     if outcome == PASSED and not record.steps:
         return FAILED, "nothing was compared: no step ran, so no check saw any evidence"
     return outcome, verdict

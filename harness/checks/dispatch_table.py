@@ -49,6 +49,14 @@ def _where(row: Mapping[str, Any]) -> str:
     return where
 
 
+def _mismatch(row: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+    """One mismatch of ``row``: its index, step and (when known) file line, and ``fields``."""
+    where = {"row": row["index"], "step": row["step"]}
+    if row.get("line"):
+        where["line"] = row["line"]
+    return {**where, **fields}
+
+
 def _differences(row: Mapping[str, Any], got: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     out = []
     for name in FIELDS:
@@ -87,16 +95,14 @@ def check_dispatch_table(record: RunRecord, rows: Sequence[Mapping[str, Any]], *
         if step is None:
             ran = sorted(by_step)
             span = f"steps {ran[0]}..{ran[-1]}" if ran else "no step"
-            mismatches.append({"row": row["index"], "step": row["step"], "field": "step", "expected": "a step",
-                               "got": f"not run (the run has {span})",
-                               "text": f"{_where(row)}: step {row['step']} did not run on rank {rank} "
-                                       f"(the run has {span})"})
+            mismatches.append(_mismatch(row, field="step", expected="a step", got=f"not run (the run has {span})",
+                                        text=f"{_where(row)}: step {row['step']} did not run on rank {rank} "
+                                             f"(the run has {span})"))
             continue
         for name, want, got in _differences(row, observed(step)):
-            mismatches.append({"row": row["index"], "step": row["step"], "bucket": step.num_tokens_padded,
-                               "field": name, "expected": want, "got": got,
-                               "text": f"{_where(row)}: step {row['step']} rank {rank}: {name} expected "
-                                       f"{want!r}, got {got!r}"})
+            mismatches.append(_mismatch(row, bucket=step.num_tokens_padded, field=name, expected=want, got=got,
+                                        text=f"{_where(row)}: step {row['step']} rank {rank}: {name} expected "
+                                             f"{want!r}, got {got!r}"))
     details: dict[str, Any] = {"rows": len(applicable), "rank": rank, "table_mismatches": mismatches}
     if mismatches:
         return CheckResult(CheckName.DISPATCH, False, summarize_mismatches(mismatches), mismatches[0]["step"],

@@ -135,15 +135,20 @@ def item_features(settings: Mapping[str, Any], fixes: Mapping[str, bool], scenar
                         model_problem(features, model))
 
 
-def unsupported_reason(features: Iterable[Feature], scenario: Mapping[str, Any]) -> str | None:
-    """``"<feature>: why"`` of the first feature that cannot run ``scenario`` (plain data), else None."""
-    return next((f"{f.name}: {reason}" for f in features if (reason := f.unsupported(scenario))), None)
+def unsupported_reason(features: Sequence[Feature], scenario: Mapping[str, Any]) -> str | None:
+    """``"<feature>: why"`` of the first feature that cannot run ``scenario`` (plain data) or
+    cannot run beside the others, else None."""
+    for f in features:
+        others = [o for o in features if o is not f]
+        if reason := f.unsupported(scenario) or f.unsupported_beside(others):
+            return f"{f.name}: {reason}"
+    return None
 
 
 def rank_model(features: Sequence[Feature], ctx: RankContext) -> Callable[[DecoderLM], DecoderLM] | None:
     """What makes this rank's model from the single-rank one: every feature's
     :meth:`~Feature.rank_model` in registry order; None when no feature changes the model."""
-    shards = [f for f in features if type(f).rank_model is not Feature.rank_model]
+    shards = [f for f in features if f.shards_model()]
     if not shards:
         return None
 

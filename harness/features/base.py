@@ -38,7 +38,7 @@ model at import time (the scenario schema is generated from them); hooks import 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict
 
@@ -141,6 +141,16 @@ class Feature:
     def unsupported(self, scenario: Mapping[str, Any]) -> str | None:
         """A reason this combination cannot run here (the item becomes a skip), or None."""
         return None
+
+    def unsupported_beside(self, others: Sequence[Feature]) -> str | None:
+        """A reason it cannot run beside the item's other enabled features (the item becomes
+        a skip), or None. Asked of their properties, never of their names, so a feature from
+        outside meets the same rule."""
+        return None
+
+    def shards_model(self) -> bool:
+        """Whether each rank runs its own part of the model (it overrides :meth:`rank_model`)."""
+        return type(self).rank_model is not Feature.rank_model
 
     def scenario_issues(self, scenario: Any) -> list[tuple[Loc, str]]:
         """Its cross-field rules on a validated scenario (a ``harness.scenario.Scenario``, its

@@ -11,11 +11,11 @@ attention mechanics are :mod:`harness.model.context_parallel`.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Sequence
 
 from pydantic import Field
 
-from harness.features.base import MAX_AXIS_RANKS, FeatureSettings, FixSwitch, RankAxisFeature, RankContext
+from harness.features.base import MAX_AXIS_RANKS, Feature, FeatureSettings, FixSwitch, RankAxisFeature, RankContext
 from harness.graph.metadata import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -41,10 +41,11 @@ class ContextParallel(RankAxisFeature):
     def budget_inputs(self) -> dict[str, Any]:
         return {"dcp": self.size}
 
-    def unsupported(self, scenario: Mapping[str, Any]) -> str | None:
-        if (scenario.get("features", {}).get("sp") or {}).get("tp", 1) > 1:
-            return ("CP with SP: vLLM Ascend's DCP splits the TP ranks' KV; this harness models CP "
-                    "on ranks of its own, so the combination is not modelled")
+    def unsupported_beside(self, others: Sequence[Feature]) -> str | None:
+        shard = next((o for o in others if o.shards_model()), None)
+        if shard is not None:
+            return (f"CP with a tensor-parallel model shard ({shard.name}): vLLM Ascend's DCP splits the "
+                    "TP ranks' KV; this harness models CP on ranks of its own, so the combination is not modelled")
         return None
 
     def pads_requests_without_full(self) -> bool | None:

@@ -139,7 +139,7 @@ def load_scenario_text(
     errors.extend(_point_errors(validated, expansion, path))
     if errors:
         raise _file_failure(errors, validated, path)
-    return _with_final_ids(validated, expansion)
+    return _with_dispatch_lines(_with_final_ids(validated, expansion), tree)
 
 
 def _top_level(composed: Composed, path: str) -> dict[str, Any]:
@@ -359,6 +359,16 @@ def _with_final_ids(validated: _Validated, expansion: _Expansion) -> list[Scenar
         ]
     )
     return [dataclasses.replace(p, id=i) for p, i in zip(validated.points, final)]
+
+
+def _with_dispatch_lines(points: list[ScenarioPoint], tree: _Located) -> list[ScenarioPoint]:
+    """The points with the line of each of their ``expect.dispatch`` rows."""
+    def line(i: int) -> int | None:
+        node, key_node, _ = tree.walk(("expect", "dispatch", i))
+        return tree.line_of(node, key_node, prefer_key=True)
+
+    return [dataclasses.replace(p, dispatch_lines=tuple(line(i) for i in range(len(rows))))
+            if (rows := p.scenario.expect.dispatch) else p for p in points]
 
 
 def _is_extension(key: Any) -> bool:

@@ -27,6 +27,9 @@ class ScenarioPoint:
     source: SourceLocation = field(default_factory=lambda: SourceLocation("<scenario>"))
     #: axis -> the index of this point's value in the file's ``matrix`` (to find its line)
     axis_index: dict[str, int] = field(default_factory=dict)
+    #: the line of each ``expect.dispatch`` row (None where unknown), read when the file is
+    #: loaded so that a mismatching row is named by its line without reading the file again
+    dispatch_lines: tuple[int | None, ...] = ()
 
     @property
     def name(self) -> str:

@@ -96,7 +96,10 @@ def test_end_to_end_a_right_table_passes_and_a_wrong_one_fails_the_item():
     (point,) = load_scenario_text(SCENARIO.replace("BUCKET", "4"))
     result = run_point(point, backend="emulated")
     assert result.outcome == FAILED
-    assert "dispatch: expect.dispatch[0]: step 0 rank 0: bucket expected 4, got 8" in result.verdict
+    # the row's line was read when the text was loaded: the file is not read again
+    assert point.dispatch_lines == (10,)
+    assert "dispatch: expect.dispatch[0] (line 10): step 0 rank 0: bucket expected 4, got 8" in result.verdict
+    assert result.checks["dispatch"].details["table_mismatches"][0]["line"] == 10
 
 
 def test_a_known_bad_item_may_expect_exactly_the_dispatch_table_to_fail():
@@ -108,7 +111,7 @@ def test_a_known_bad_item_may_expect_exactly_the_dispatch_table_to_fail():
 def test_rows_pin_only_the_fields_the_file_names():
     (point,) = load_scenario_text(SCENARIO.replace("BUCKET", "8"))
     (row,) = resolve_item(point.scenario).dispatch_rows
-    assert set(row) == {"step", "rank", "for_mode", "index", "mode", "bucket", "descriptor", "num_reqs_padded"}
+    assert set(row) == {"step", "rank", "for_mode", "index", "line", "mode", "bucket", "descriptor", "num_reqs_padded"}
     assert row["descriptor"] == {"num_tokens": 8, "num_reqs": 8, "uniform_decode": False}
 
 

@@ -100,10 +100,16 @@ def test_the_reference_runs_once_per_group_of_ranks_with_the_same_requests():
     assert runs_reference([], RankContext())  # a single rank runs everything
 
 
-def test_cp_is_not_modelled_together_with_sp():
-    cp = ContextParallel({"size": 2}, {})
-    assert "not modelled" in cp.unsupported({"features": {"sp": {"tp": 2}}})
-    assert cp.unsupported({"features": {"sp": {"tp": 1}}}) is None
+def test_cp_is_not_modelled_beside_a_feature_that_shards_the_model():
+    from harness.features import active_features, unsupported_reason
+
+    def reason(features):
+        return unsupported_reason(active_features(features, {}), {})
+
+    assert "not modelled" in reason({"cp": {"size": 2}, "sp": {"tp": 2}})
+    assert "(sp)" in reason({"cp": {"size": 2}, "sp": {"tp": 2}})
+    assert reason({"cp": {"size": 2}, "sp": {"tp": 1}}) is None  # SP off: no shard
+    assert reason({"cp": {"size": 2}, "dp": {"size": 2}}) is None  # DP keeps the whole model
 
 
 def test_each_feature_names_itself_in_reports_and_colours_its_ledger_column():

@@ -31,7 +31,7 @@ def test_the_shipped_cross_product_is_the_whole_space(matrix) -> None:
     # is not a multiple of both, so vLLM refuses to start (adjust_cudagraph_sizes_for_spec_decode)
     refused = 3 * 2 * 7 * 1 * 1 * 5
     assert len(skipped) == sp_cp + refused
-    assert any(r and r.startswith("cp: CP with SP") for r in reasons)
+    assert any(r and r.startswith("cp: CP with a tensor-parallel model shard (sp)") for r in reasons)
     assert any(r and r.startswith("the real engine refuses to start (stack ") for r in reasons)
     lcm = [idx for idx in full if unsupported({**point_of(matrix, idx), "stack": "harness-compose"})]
     assert len(lcm) == sp_cp  # the harness's lcm composition runs them
