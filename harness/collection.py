@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.graph.modes import parse_mode
+from harness.plain import JsonObject
 from harness.scenario import (GRAPH_MODES, ScenarioError, ScenarioFileError, ScenarioPoint, load_scenario_file,
                               locate, locate_in_point)
 from harness.scenario.yaml_source import compose_text, read_source
@@ -73,7 +74,7 @@ def collect_points(path: str | Path, modes: list[str] | None = None,
     schema's, and the preflight's of every point, including the points that pass the schema
     once the values it refused are left out (a problem that involves such a value is not
     reported: the value is wrong already)."""
-    runs: list[tuple[str | None, dict[str, Any]]] = [(None, {})]
+    runs: list[tuple[str | None, JsonObject]] = [(None, {})]
     if modes and not names_a_mode(path):
         runs = [(mode, {"graph.mode": mode}) for mode in modes]
     items: list[tuple[str, ScenarioPoint]] = []

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 import yaml
 
+from harness.plain import JsonObject
 from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, Scenario, load_scenario_file
 
 #: The trial budget by default: multi-rank trials cost seconds each.
@@ -50,8 +51,8 @@ class Trial:
 class Narrowed:
     target: str  # FILE::ITEM as given
     check: str  # the check that had to keep failing
-    original: dict[str, Any]  # the scenario as run (expanded point)
-    minimal: dict[str, Any]
+    original: JsonObject  # the scenario as run (expanded point)
+    minimal: JsonObject
     trials: list[Trial] = field(default_factory=list)
     features: list[str] = field(default_factory=list)  # verdict per feature, in order
     budget_spent: bool = False  # the trial budget ran out before every reduction was tried
@@ -120,7 +121,7 @@ def _names_a_mode(path: Path) -> bool:
 Runner = Callable[[ScenarioPoint], Any]
 
 
-def _as_point(data: dict[str, Any], like: ScenarioPoint) -> ScenarioPoint | None:
+def _as_point(data: JsonObject, like: ScenarioPoint) -> ScenarioPoint | None:
     """A validated point from a candidate, or None when the reduction made it invalid."""
     try:
         scenario = Scenario.model_validate(data)
@@ -140,25 +141,25 @@ def default_runner(backend: str = "auto", fia_contract: str | None = None) -> Ru
 
 
 # -- reductions ----------------------------------------------------------------------------------
-Reduction = tuple[str, dict[str, Any]]  # (what it does, the scenario after it)
+Reduction = tuple[str, JsonObject]  # (what it does, the scenario after it)
 
 
-def _copy(data: dict[str, Any]) -> dict[str, Any]:
+def _copy(data: JsonObject) -> JsonObject:
     return yaml.safe_load(yaml.safe_dump(data))  # plain data: a deep copy that cannot alias
 
 
-def _defaults() -> dict[str, Any]:
+def _defaults() -> JsonObject:
     """The scenario defaults (a feature's defaults are the feature switched off)."""
     return Scenario.model_validate({"workload": {"requests": [{"prompt_len": 1, "output_len": 1}]}}).model_dump(mode="json")
 
 
-def active_feature_names(data: dict[str, Any]) -> list[str]:
+def active_feature_names(data: JsonObject) -> list[str]:
     from harness.resolve import scenario_features
 
     return [feature.name for feature in scenario_features(Scenario.model_validate(data))]
 
 
-def _magnitude_key(section: dict[str, Any], default: dict[str, Any]) -> str | None:
+def _magnitude_key(section: JsonObject, default: JsonObject) -> str | None:
     """The integer setting that sizes a feature (tp, size, k): the first one off its default."""
     for key, value in section.items():
         if isinstance(value, int) and not isinstance(value, bool) and value != default.get(key):
@@ -166,7 +167,7 @@ def _magnitude_key(section: dict[str, Any], default: dict[str, Any]) -> str | No
     return None
 
 
-def _drop_mirrors(data: dict[str, Any]) -> None:
+def _drop_mirrors(data: JsonObject) -> None:
     """Leave out every field that mirrors a feature's setting (``Feature.mirrors``), so that a
     lowered setting is not contradicted by its mirror's old value."""
     from harness.features import registry
@@ -181,21 +182,21 @@ def _drop_mirrors(data: dict[str, Any]) -> None:
                 section.pop(leaf, None)
 
 
-def feature_label(name: str, data: dict[str, Any]) -> str:
+def feature_label(name: str, data: JsonObject) -> str:
     section = data["features"].get(name) or {}
     key = _magnitude_key(section, _defaults()["features"].get(name, {}))
     return f"{name}{section[key]}" if key else name
 
 
-def _feature_defaults(name: str) -> dict[str, Any]:
+def _feature_defaults(name: str) -> JsonObject:
     return _defaults()["features"].get(name, {})
 
 
-def drop_feature(data: dict[str, Any], name: str) -> dict[str, Any]:
+def drop_feature(data: JsonObject, name: str) -> JsonObject:
     return _with(data, ("features", name), dict(_feature_defaults(name)))
 
 
-def lower_candidates(data: dict[str, Any], name: str) -> list[tuple[int, dict[str, Any]]]:
+def lower_candidates(data: JsonObject, name: str) -> list[tuple[int, JsonObject]]:
     """Smaller sizes of a feature that keep it on, smallest (the biggest reduction) first."""
     section, default = data["features"][name], _feature_defaults(name)
     key = _magnitude_key(section, default)
@@ -205,7 +206,7 @@ def lower_candidates(data: dict[str, Any], name: str) -> list[tuple[int, dict[st
     return [(value, _with(data, ("features", name, key), value)) for value in range(floor, section[key])]
 
 
-def reset_candidates(data: dict[str, Any], name: str) -> list[tuple[str, dict[str, Any]]]:
+def reset_candidates(data: JsonObject, name: str) -> list[tuple[str, JsonObject]]:
     """A feature's other settings (e.g. dp batches: unequal) back to their defaults, one by one."""
     section, default = data["features"][name], _feature_defaults(name)
     key = _magnitude_key(section, default)
@@ -213,7 +214,7 @@ def reset_candidates(data: dict[str, Any], name: str) -> list[tuple[str, dict[st
             for setting, value in section.items() if setting != key and value != default.get(setting)]
 
 
-def workload_reductions(data: dict[str, Any]) -> Iterator[Reduction]:
+def workload_reductions(data: JsonObject) -> Iterator[Reduction]:
     """Fewer requests and steps, shorter prompts and outputs, fewer capture sizes, fewer layers."""
     workload = data["workload"]
     requests = workload.get("requests")
@@ -250,7 +251,7 @@ def _names(subset: list[Any], whole: list[Any]) -> str:
     return ",".join(str(whole.index(r)) for r in subset)
 
 
-def _with(data: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+def _with(data: JsonObject, path: tuple[str, ...], value: Any) -> JsonObject:
     changed = _copy(data)
     target = changed
     for part in path[:-1]:
@@ -272,7 +273,7 @@ class _Search:
     def spent(self) -> bool:
         return len(self.trials) >= self.max_trials
 
-    def fails(self, what: str, data: dict[str, Any]) -> bool | None:
+    def fails(self, what: str, data: JsonObject) -> bool | None:
         """Whether the target check still fails; None when the candidate is not runnable."""
         seen = json.dumps(data, sort_keys=True)
         if seen in self.seen:
@@ -321,7 +322,7 @@ def narrow(point: ScenarioPoint, *, runner: Runner, target: str = "", check: str
     # Features first, the rank-costly ones first: dropping dp or cp early halves every later trial.
     order = sorted(names, key=lambda n: -_rank_weight(n, current))
 
-    def attempt(label: str, candidate: dict[str, Any]) -> bool | None:
+    def attempt(label: str, candidate: JsonObject) -> bool | None:
         fails = search.fails(label, candidate)
         if fails is not None:
             result.features.append(f"{'fails' if fails else 'passes'} {label}")
@@ -363,7 +364,7 @@ def narrow(point: ScenarioPoint, *, runner: Runner, target: str = "", check: str
     return result
 
 
-def _rank_weight(name: str, data: dict[str, Any]) -> int:
+def _rank_weight(name: str, data: JsonObject) -> int:
     """How many ranks a feature multiplies the world by (1 for features that add no ranks)."""
     from harness.resolve import scenario_features
 

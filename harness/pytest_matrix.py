@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from harness.plain import JsonObject
 from harness.scenario import Scenario
 from harness.scenario.cross import SELECTIONS, Selection, select
 from harness.scenario.limits import item_timeout
@@ -31,7 +32,7 @@ CROSS_PRODUCT_MARKER = "cross_product"
 SLOW_MARKER = "slow"
 
 
-def add_options(group: Any) -> None:
+def add_options(group: pytest.OptionGroup) -> None:
     group.addoption("--matrix", default=None, choices=SELECTIONS,
                     help="points of a 'matrix_selection: pairwise' file (the shipped cross product) to run: "
                          "pairwise (default: every pair of axis values in some item) or full (every point)")
@@ -51,11 +52,11 @@ def combinations(config: pytest.Config, path: Path, modes: list[str] | None,
         return None
     how: Selection = config.getoption("--matrix") or "pairwise"  # the option's choices are SELECTIONS
 
-    def chosen(matrix: dict[str, list[Any]], excludes: list[dict[str, Any]]):
+    def chosen(matrix: dict[str, list[Any]], excludes: list[JsonObject]):
         restrict = None
         if modes and "graph.mode" in matrix:  # cover pairs within the run's modes
             restrict = {"graph.mode": [v for v in matrix["graph.mode"] if _mode(v) in modes]}
-        def judged(point: dict[str, Any]) -> str | None:
+        def judged(point: JsonObject) -> str | None:
             return unsupported({"stack": stack, **point} if stack and "stack" not in point else point)
 
         return select(matrix, excludes, how=how, restrict=restrict, unsupported=judged, cost=ranks)
@@ -87,7 +88,7 @@ def slow_first(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker(SLOW_MARKER) is None)
 
 
-def unsupported(point: dict[str, Any]) -> str | None:
+def unsupported(point: JsonObject) -> str | None:
     """Why a (possibly partial) point cannot run: a feature does not model it (asking the
     features themselves), or the real engine refuses to start it."""
     from harness.features import active_features, unsupported_reason
@@ -97,7 +98,7 @@ def unsupported(point: dict[str, Any]) -> str | None:
     return unsupported_reason(features, point) or refused_at_start_up(point, features)
 
 
-def ranks(point: dict[str, Any]) -> int:
+def ranks(point: JsonObject) -> int:
     """Ranks a point's features spread it over: what an item of it costs, to first order."""
     from harness.features import active_features, world_size
 

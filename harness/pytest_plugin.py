@@ -20,6 +20,7 @@ import pytest
 
 from harness.collection import collect_points, parse_modes
 from harness import pytest_matrix
+from harness.plain import JsonObject
 from harness.pytest_terminal import TerminalGlue, scenario_skip_location
 from harness.engine import BACKENDS
 from harness.report.record import report_record
@@ -187,7 +188,7 @@ class ScenarioFile(pytest.File):
         return super().repr_failure(excinfo)
 
 
-def _node_id(parent: pytest.Collector, name: str, params: str) -> dict[str, Any]:
+def _node_id(parent: pytest.Collector, name: str, params: str) -> JsonObject:
     """The id pytest itself would give a parametrized item (pytest >= 9.2 keeps node ids
     structured as name + params; an item named "x[id]" without them never matches the ids that
     --lf / --ff read back from the cache). Older pytest builds the string id from the name."""
@@ -219,7 +220,7 @@ class ScenarioItem(pytest.Item):
         if scenario.expect.outcome == "fail":
             self.add_marker("known_bad")
         pytest_matrix.mark_item(self, scenario)
-        self.record: dict[str, Any] | None = None
+        self.record: JsonObject | None = None
 
     def runtest(self) -> None:
         from harness.session import FAILED, SKIPPED, XFAILED, run_point
@@ -276,8 +277,8 @@ class ResultsCollector:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.records: list[dict[str, Any]] = config.stash[_results_key]
-        self.run: dict[str, Any] = {}
+        self.records: list[JsonObject] = config.stash[_results_key]
+        self.run: JsonObject = {}
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if not hasattr(self.config, "workerinput"):

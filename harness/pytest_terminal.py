@@ -16,7 +16,6 @@ come from :mod:`harness.report.terminal`. What it changes in pytest's terminal o
 
 from __future__ import annotations
 
-from typing import Any
 
 import pytest
 
@@ -31,7 +30,7 @@ def _line_of(source: str) -> int | None:
     return int(line) if line.isdigit() else None
 
 
-def scenario_skip_location(report: pytest.TestReport, path: Any, line: int | None) -> None:
+def scenario_skip_location(report: pytest.TestReport, path: object, line: int | None) -> None:
     """Point a skipped scenario item's report at its scenario file (``path``, 1-based ``line``)."""
     longrepr = report.longrepr
     if report.skipped and not hasattr(report, "wasxfail") and isinstance(longrepr, tuple) and len(longrepr) == 3:
@@ -56,7 +55,7 @@ class TerminalGlue:
                 report.longrepr, summary_line(record, _line_of(record.get("source", ""))))
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)  # around the terminal reporter's own summary
-    def pytest_terminal_summary(self, terminalreporter: Any):
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter):
         stats = terminalreporter.stats
         for key in ("failed", "error"):
             for report in stats.get(key, []):
@@ -78,7 +77,7 @@ class TerminalGlue:
                 terminalreporter.write_line(line, yellow=True)
 
 
-def _short_summary_written(terminalreporter: Any, folded: list) -> bool:
+def _short_summary_written(terminalreporter: pytest.TerminalReporter, folded: list) -> bool:
     """Whether pytest wrote its short-summary header: it does when any report character it was
     asked for had a report (the folded known-bad items taken out)."""
     stats = terminalreporter.stats

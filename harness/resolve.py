@@ -15,7 +15,7 @@ raises :class:`ItemProblem` with the field to change.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -27,6 +27,7 @@ from harness.graph.capture_sizes import EngineRefusal, Platform, SizeResolution,
 from harness.graph.modes import CompilationModeName, CUDAGraphMode, ModeResolution, parse_mode, resolve_mode
 from harness.graph.stream_budget import BudgetDecision, stream_budget
 from harness.model.config import ModelConfig
+from harness.plain import JsonObject, PlainData
 from harness.scenario import Scenario
 from harness.scenario.sections import GraphSpec
 from harness.scenario.bounds import MAX_WORLD_SIZE
@@ -88,7 +89,7 @@ class ResolvedItem:
     # The scenario's dispatch table as plain rows for the dispatch-table check, the rows of
     # another stack left out (``for_stack``). Data, not the scenario's rows: a row pins the
     # fields its file named, which a scenario that travelled to a rank no longer knows.
-    dispatch_rows: tuple[dict[str, Any], ...] = ()
+    dispatch_rows: tuple[JsonObject, ...] = ()
 
     @property
     def mode(self) -> CUDAGraphMode:
@@ -99,7 +100,7 @@ class ResolvedItem:
         return tuple(self.budget.sizes_kept)
 
     @property
-    def budget_report(self) -> dict[str, Any]:
+    def budget_report(self) -> JsonObject:
         return asdict(self.budget)
 
     @property
@@ -223,7 +224,7 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
                         sizes, budget, model, streams, rules, rows)
 
 
-def refused_at_start_up(point: Mapping[str, Any], features: Sequence[Feature]) -> str | None:
+def refused_at_start_up(point: PlainData, features: Sequence[Feature]) -> str | None:
     """Why the real engine would refuse to start ``point``, given as plain data, else None.
 
     The cross product's selection judges thousands of points, some partial, before any is

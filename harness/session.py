@@ -12,7 +12,6 @@ import platform
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -21,6 +20,7 @@ from harness.checks import CheckResult
 from harness.engine import UnsupportedOnBackend, load, resolve
 from harness.executor import execute
 from harness.graph.record import RunRecord
+from harness.plain import JsonObject
 from harness.resolve import ItemProblem, PointSkipped, resolve_item
 from harness.scenario import Scenario, ScenarioPoint
 from harness.verdict import FAILED, PASSED, SKIPPED, XFAILED, judge
@@ -34,7 +34,7 @@ class ItemResult:
     name: str
     id: str
     source: str
-    scenario: dict[str, Any]
+    scenario: JsonObject
     backend: str
     outcome: str
     verdict: str  # one line: why this outcome

@@ -13,10 +13,11 @@ Pure: the rows are plain dicts (``harness.scenario.DispatchRow.pinned`` plus ``s
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from harness.checks.result import CheckName, CheckResult
 from harness.graph.record import RunRecord, StepRecord
+from harness.plain import JsonObject, PlainData
 
 __all__ = ["check_dispatch_table", "observed", "summarize_mismatches"]
 
@@ -25,7 +26,7 @@ FIELDS = ("mode", "bucket", "num_tokens", "padded_tokens", "uniform", "num_reqs"
           "dummy_requests", "descriptor", "ledger", "metadata")
 
 
-def observed(step: StepRecord) -> dict[str, Any]:
+def observed(step: StepRecord) -> JsonObject:
     """What the pipeline chose at one step, under the names a dispatch row uses."""
     return {
         "mode": step.runtime_mode,
@@ -42,14 +43,14 @@ def observed(step: StepRecord) -> dict[str, Any]:
     }
 
 
-def _where(row: Mapping[str, Any]) -> str:
+def _where(row: PlainData) -> str:
     where = f"expect.dispatch[{row['index']}]"
     if row.get("line"):
         where += f" (line {row['line']})"
     return where
 
 
-def _mismatch(row: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
+def _mismatch(row: PlainData, **fields: Any) -> JsonObject:
     """One mismatch of ``row``: its index, step and (when known) file line, and ``fields``."""
     where = {"row": row["index"], "step": row["step"]}
     if row.get("line"):
@@ -57,7 +58,7 @@ def _mismatch(row: Mapping[str, Any], **fields: Any) -> dict[str, Any]:
     return {**where, **fields}
 
 
-def _differences(row: Mapping[str, Any], got: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+def _differences(row: PlainData, got: PlainData) -> list[tuple[str, Any, Any]]:
     out = []
     for name in FIELDS:
         if name not in row:
@@ -73,13 +74,13 @@ def _differences(row: Mapping[str, Any], got: Mapping[str, Any]) -> list[tuple[s
     return out
 
 
-def summarize_mismatches(mismatches: Sequence[Mapping[str, Any]]) -> str:
+def summarize_mismatches(mismatches: Sequence[PlainData]) -> str:
     """The first mismatch in one line, and how many there are."""
     more = f" ({len(mismatches)} mismatches in all)" if len(mismatches) > 1 else ""
     return str(mismatches[0]["text"]) + more
 
 
-def check_dispatch_table(record: RunRecord, rows: Sequence[Mapping[str, Any]], *, rank: int = 0,
+def check_dispatch_table(record: RunRecord, rows: Sequence[PlainData], *, rank: int = 0,
                          mode: str | None = None) -> CheckResult:
     """Compare every row that applies to this rank and configured mode with the record.
 
@@ -89,7 +90,7 @@ def check_dispatch_table(record: RunRecord, rows: Sequence[Mapping[str, Any]], *
     """
     applicable = [r for r in rows if r.get("rank") in (None, rank) and r.get("for_mode") in (None, mode)]
     by_step = {s.step: s for s in record.steps}
-    mismatches: list[dict[str, Any]] = []
+    mismatches: list[JsonObject] = []
     for row in applicable:
         step = by_step.get(row["step"])
         if step is None:
@@ -103,7 +104,7 @@ def check_dispatch_table(record: RunRecord, rows: Sequence[Mapping[str, Any]], *
             mismatches.append(_mismatch(row, bucket=step.num_tokens_padded, field=name, expected=want, got=got,
                                         text=f"{_where(row)}: step {row['step']} rank {rank}: {name} expected "
                                              f"{want!r}, got {got!r}"))
-    details: dict[str, Any] = {"rows": len(applicable), "rank": rank, "table_mismatches": mismatches}
+    details: JsonObject = {"rows": len(applicable), "rank": rank, "table_mismatches": mismatches}
     if mismatches:
         return CheckResult(CheckName.DISPATCH, False, summarize_mismatches(mismatches), mismatches[0]["step"],
                            details)

@@ -21,13 +21,13 @@ unsplit reference in bfloat16 meet such ties.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from deepdiff import DeepDiff
 
 from harness.checks.result import CheckName, CheckResult, not_evaluated
 from harness.graph.record import RunRecord, StepRecord
+from harness.plain import JsonObject
 
 #: Per-dtype tolerances for comparisons that are not bitwise (logits are float32, but a bf16
 #: model's rows carry bf16 rounding from every layer).
@@ -69,7 +69,7 @@ def _compare(a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> bool:
     return bool(((a - b).abs() <= tol.atol + tol.rtol * scale).all())  # NaN compares False: a mismatch
 
 
-def _first_row_mismatch(step: StepRecord, a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> dict[str, Any]:
+def _first_row_mismatch(step: StepRecord, a: torch.Tensor, b: torch.Tensor, tol: Tolerance) -> JsonObject:
     diff = (a.double() - b.double()).abs()
     bad_rows = [i for i in range(a.shape[0]) if not _compare(a[i], b[i], tol)]
     row = bad_rows[0] if bad_rows else 0
@@ -112,8 +112,8 @@ def check_equality(record: RunRecord, *, dtype: str, bitwise_replay: bool,
                    override: tuple[float, float] | None = None,
                    explained_from: int | None = None) -> CheckResult:
     graph_tol, padding_tol = default_tolerances(dtype, bitwise_replay, override)
-    mismatches: list[dict[str, Any]] = []
-    ties: list[dict[str, Any]] = []  # pairs that parted at a tie within rounding: compared no further
+    mismatches: list[JsonObject] = []
+    ties: list[JsonObject] = []  # pairs that parted at a tie within rounding: compared no further
     compared = 0
     graph_compared = 0  # comparisons that involve the graph path: what makes the check evaluated
     for step in record.steps:

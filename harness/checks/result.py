@@ -7,9 +7,9 @@ that starts with "not evaluated:"), never a plain PASS.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from harness.names import CheckName as CheckName  # re-exported: the checks name themselves through here
+from harness.plain import JsonObject
 
 
 #: The four assertions (``execution`` is the verdict on what none of them explains).
@@ -24,18 +24,18 @@ class CheckResult:
     passed: bool
     summary: str
     first_step: int | None = None  # the step of the first violation (for root-cause ordering)
-    details: dict[str, Any] = field(default_factory=dict)
+    details: JsonObject = field(default_factory=dict)
     #: False when the check looked at nothing (no FIA call, no graph step compared, no FULL
     #: replay, no capture): its pass would be vacuous, so every report says "not evaluated".
     #: Decided here, by the check that knows what it compared, so that the HTML, the JSON and
     #: the terminal cannot disagree.
     evaluated: bool = True
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"name": self.name, "passed": self.passed, "evaluated": self.evaluated, "summary": self.summary,
                 "first_step": self.first_step, "details": self.details}
 
 
-def not_evaluated(name: str, why: str, details: dict[str, Any] | None = None) -> CheckResult:
+def not_evaluated(name: str, why: str, details: JsonObject | None = None) -> CheckResult:
     """A pass that looked at nothing: ``why`` says what was missing."""
     return CheckResult(name, True, f"not evaluated: {why}", None, details or {}, evaluated=False)

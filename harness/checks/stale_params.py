@@ -13,11 +13,11 @@ cannot say.
 
 from __future__ import annotations
 
-from typing import Any
 
 from harness.checks.result import CheckName, CheckResult, not_evaluated
 from harness.graph.record import RunRecord
 from harness.model import longest_repeat_run, repetition_score
+from harness.plain import JsonObject
 
 #: A graph text this much more repetitive than the reference's reads as stale.
 REPETITION_MARGIN = 0.5
@@ -28,7 +28,7 @@ def _repetition(texts: dict[str, list[int]]) -> dict[str, dict[str, float]]:
 
 
 def check_stale_params(record: RunRecord) -> CheckResult:
-    stale: list[dict[str, Any]] = []  # one row of the report's table per stale list
+    stale: list[JsonObject] = []  # one row of the report's table per stale list
     compared = 0
     for step in record.steps:
         if step.executed is None:
@@ -83,9 +83,9 @@ def check_stale_params(record: RunRecord) -> CheckResult:
     return CheckResult(CheckName.STALE_PARAMS, True, f"host lists live on every replay ({how})", details=details)
 
 
-def _draft_stale(record: RunRecord) -> tuple[int, list[dict[str, Any]]]:
+def _draft_stale(record: RunRecord) -> tuple[int, list[JsonObject]]:
     """The draft graphs' (round, layer)-steps compared, and the stale lists among them."""
-    compared, stale = 0, list[dict[str, Any]]()
+    compared, stale = 0, list[JsonObject]()
     for step in record.steps:
         draft = step.draft or {}
         if not draft.get("executed"):
@@ -104,7 +104,7 @@ def _draft_stale(record: RunRecord) -> tuple[int, list[dict[str, Any]]]:
     return compared, stale
 
 
-def _later_step_with(record: RunRecord, stale: dict[str, Any]) -> int | None:
+def _later_step_with(record: RunRecord, stale: JsonObject) -> int | None:
     """The later step of the same bucket whose live list is what ran (an update that raced the
     replay before it: async scheduling without the sync), else None (the capture's list)."""
     for step in record.steps:

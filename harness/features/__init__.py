@@ -35,6 +35,7 @@ from harness.features.cp import ContextParallel
 from harness.features.dp import DataParallel, DPDisagreement, check_agreement
 from harness.features.mtp import SpeculativeDecoding
 from harness.features.sp import SequenceParallel
+from harness.plain import Kwargs, PlainData
 
 if TYPE_CHECKING:  # pragma: no cover
     from harness.model import DecoderLM
@@ -99,8 +100,8 @@ def size_constraints(features: Iterable[Feature]) -> list[SizeConstraint]:
     return [c for f in features for c in f.size_constraints()]
 
 
-def budget_inputs(features: Iterable[Feature]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def budget_inputs(features: Iterable[Feature]) -> Kwargs:
+    out: Kwargs = {}
     for feature in features:
         out.update(feature.budget_inputs())
     return out
@@ -120,12 +121,12 @@ class ItemFeatures:
     uniform_decode_query_len: int  # q = 1 + the draft tokens a request verifies per step
     size_constraints: tuple[SizeConstraint, ...]
     world_size: int
-    budget_inputs: Mapping[str, Any]  # what the legacy stream-budget formula reads of them
+    budget_inputs: Kwargs  # what the legacy stream-budget formula reads of them
     unsupported: str | None  # "<feature>: why" when a feature cannot run the point
     model_problem: tuple[str, str] | None  # (field, message) when a feature cannot split the model
 
 
-def item_features(settings: Mapping[str, Any], fixes: Mapping[str, bool], scenario: Mapping[str, Any],
+def item_features(settings: PlainData, fixes: Mapping[str, bool], scenario: PlainData,
                   model: ModelConfig) -> ItemFeatures:
     """Make the enabled features (:func:`active_features`) and ask each what the item needs:
     ``scenario`` is the whole scenario as plain data (a feature's ``unsupported`` reads it)."""
@@ -135,7 +136,7 @@ def item_features(settings: Mapping[str, Any], fixes: Mapping[str, bool], scenar
                         model_problem(features, model))
 
 
-def unsupported_reason(features: Sequence[Feature], scenario: Mapping[str, Any]) -> str | None:
+def unsupported_reason(features: Sequence[Feature], scenario: PlainData) -> str | None:
     """``"<feature>: why"`` of the first feature that cannot run ``scenario`` (plain data) or
     cannot run beside the others, else None."""
     for f in features:
@@ -161,7 +162,7 @@ def rank_model(features: Sequence[Feature], ctx: RankContext) -> Callable[[Decod
     return build
 
 
-def feature_label(sections: Mapping[str, Any]) -> str:
+def feature_label(sections: PlainData) -> str:
     """An item's feature combination (``dp2+sp2+mtp1``, registry order) from its scenario's
     ``features:`` as plain data, or ``base`` when none is on."""
     parts = [label for name, cls in registry().items()

@@ -38,12 +38,13 @@ model at import time (the scenario schema is generated from them); hooks import 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
 from harness.graph.capture_sizes import SizeConstraint
 from harness.graph.shape import SINGLE_RANK, RankAxis, RankContext, RunShape, StepShape
+from harness.plain import Kwargs, Loc, PlainData
 
 if TYPE_CHECKING:  # pragma: no cover
     from harness.graph.metadata import AttentionMetadata
@@ -62,7 +63,6 @@ checked at collection: harness.scenario.bounds.MAX_WORLD_SIZE)."""
 MAX_DRAFT_TOKENS = 16
 """Speculative tokens per step (harness.scenario.bounds.MAX_SPEC_TOKENS)."""
 
-Loc = tuple[Union[str, int], ...]
 """A location in a scenario, from its root: ``("workload", "requests", 0, "prompt_len")``."""
 
 
@@ -97,7 +97,7 @@ class Feature:
     #: ``graph.num_speculative_tokens`` and its ``k``).
     mirrors: ClassVar[Mapping[str, str]] = {}
 
-    def __init__(self, settings: FeatureSettings | Mapping[str, Any] | None = None,
+    def __init__(self, settings: FeatureSettings | PlainData | None = None,
                  fixes: Mapping[str, bool] | None = None) -> None:
         if not isinstance(settings, FeatureSettings):
             settings = self.Settings.model_validate(dict(settings or {}))
@@ -134,11 +134,11 @@ class Feature:
         """What every step's token count must be a multiple of, even in eager mode (SP: tp)."""
         return 1
 
-    def budget_inputs(self) -> dict[str, Any]:
+    def budget_inputs(self) -> Kwargs:
         """Its inputs to the legacy stream-budget formula (harness.graph.stream_budget)."""
         return {}
 
-    def unsupported(self, scenario: Mapping[str, Any]) -> str | None:
+    def unsupported(self, scenario: PlainData) -> str | None:
         """A reason this combination cannot run here (the item becomes a skip), or None."""
         return None
 
@@ -176,7 +176,7 @@ class Feature:
         return True if self.token_multiple() > 1 else None
 
     @classmethod
-    def label(cls, settings: Mapping[str, Any]) -> str | None:
+    def label(cls, settings: PlainData) -> str | None:
         """How it names itself in an item's feature combination (``sp2``), from its settings as
         a report's record keeps them (plain data); None when it is off there. By default its
         name and its ``size_key`` setting, when that is off its default."""

@@ -11,12 +11,13 @@ attention mechanics are :mod:`harness.model.context_parallel`.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from pydantic import Field
 
 from harness.features.base import MAX_AXIS_RANKS, Feature, FeatureSettings, FixSwitch, RankAxisFeature, RankContext
 from harness.graph.metadata import AttentionMetadata
+from harness.plain import Kwargs
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -38,7 +39,7 @@ class ContextParallel(RankAxisFeature):
     ledger = "cp"
     ledger_colour = "#eeca3b"
 
-    def budget_inputs(self) -> dict[str, Any]:
+    def budget_inputs(self) -> Kwargs:
         return {"dcp": self.size}
 
     def unsupported_beside(self, others: Sequence[Feature]) -> str | None:

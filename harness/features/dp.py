@@ -14,12 +14,13 @@ of the forward (PRs #25906, #30173).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from harness.features.base import MAX_AXIS_RANKS, FeatureSettings, FixSwitch, RankAxisFeature, RankContext
 from harness.graph.shape import RunShape, StepShape
+from harness.plain import Kwargs
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -57,7 +58,7 @@ class DataParallel(RankAxisFeature):
     ledger = "dp"
     ledger_colour = "#b279a2"
 
-    def budget_inputs(self) -> dict[str, Any]:
+    def budget_inputs(self) -> Kwargs:
         return {"dp": self.size}
 
     def share_requests(self, plans: list[RequestPlan], ctx: RankContext) -> list[RequestPlan]:

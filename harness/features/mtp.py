@@ -14,12 +14,13 @@ plain output.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 from pydantic import Field
 
 from harness.features.base import MAX_DRAFT_TOKENS, Feature, FeatureSettings, FixSwitch, Loc, SizeConstraint
 from harness.graph.kv_slots import kv_slots
+from harness.plain import Kwargs, PlainData
 
 
 class MTPSettings(FeatureSettings):
@@ -55,7 +56,7 @@ class SpeculativeDecoding(Feature):
         q = 1 + self.k
         return [SizeConstraint(q, "round_up", f"speculative decoding with q={q}")]
 
-    def budget_inputs(self) -> dict[str, Any]:
+    def budget_inputs(self) -> Kwargs:
         return {"draft_layers": 1}
 
     def scenario_issues(self, scenario: Any) -> list[tuple[Loc, str]]:
@@ -78,7 +79,7 @@ class SpeculativeDecoding(Feature):
                                f"lower output_len by {slots - max_len} or raise max_model_len"))
         return issues
 
-    def unsupported(self, scenario: Mapping[str, Any]) -> str | None:
+    def unsupported(self, scenario: PlainData) -> str | None:
         # (where the real engine refuses speculation with SP, the capture sizes say so:
         # harness.graph.capture_sizes.spec_decode_rounding, read by harness.resolve)
         if scenario.get("workload", {}).get("steps"):

@@ -8,7 +8,7 @@ for them (a dummy request), and without it the FIA host check sees ``actual_seq_
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
@@ -20,6 +20,7 @@ from harness.features.base import (
     RankContext,
     SizeConstraint,
 )
+from harness.plain import Kwargs
 
 if TYPE_CHECKING:  # pragma: no cover
     from harness.model import DecoderLM
@@ -51,7 +52,7 @@ class SequenceParallel(RankAxisFeature):
     def token_multiple(self) -> int:
         return self.tp
 
-    def budget_inputs(self) -> dict[str, Any]:
+    def budget_inputs(self) -> Kwargs:
         return {"tp": self.tp}
 
     def model_problem(self, config: ModelConfig) -> tuple[str, str] | None:

@@ -66,6 +66,7 @@ from harness.graph.runner import LiveAttention, _Piece, attend_live, attention_h
 from harness.model import DecoderLM, PagedKVCache
 from harness.ops import FIA_OP_NAME, fia_call_tags
 from harness.ops.attention import AttentionStyle, LayerTask, capture_task_group, fia_kwargs, update_task_group
+from harness.plain import JsonObject, Kwargs
 
 __all__ = ["DraftGraphConfig", "DraftGraphRunner", "one_token_requests"]
 
@@ -146,7 +147,7 @@ class DraftGraphRunner:
         self.workspaces: dict[int, Tensor] = {}
         self.attn_outputs: dict[BatchDescriptor, list[Tensor]] = {}
         self._round = 0  # the round the merged forward is in (its attention's tags)
-        wrap: dict[str, Any] = dict(engine=engine, pool=pool, monitor=monitor if monitor is not None else CaptureMonitor(enabled=False),
+        wrap: Kwargs = dict(engine=engine, pool=pool, monitor=monitor if monitor is not None else CaptureMonitor(enabled=False),
                     debug=config.debug_input_addresses, capture_error_guidance=config.capture_error_guidance)
         pieces: list[Callable[..., Any]] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
         self.piece_wrappers: list[GraphWrapper] = []
@@ -297,7 +298,7 @@ class DraftGraphRunner:
         return decision
 
     def propose(self, batch: DraftBatch, plan: StepPlan,
-                eager: Callable[[], list[list[int]]]) -> tuple[list[list[int]], dict[str, Any]]:
+                eager: Callable[[], list[list[int]]]) -> tuple[list[list[int]], JsonObject]:
         """Run one draft: ``eager`` when the dispatch says NONE, else through the draft graphs.
 
         Returns every round's drafts (one a request) and the step's draft record: the dispatch,
@@ -305,7 +306,7 @@ class DraftGraphRunner:
         say, what each FULL task group executed."""
         decision = self.dispatch(batch, plan)
         key = decision.batch_descriptor
-        record: dict[str, Any] = {
+        record: JsonObject = {
             "mode": str(decision.runtime_mode), "bucket": decision.num_tokens_padded, "reason": decision.reason,
             "descriptor": None if key is None else {"num_tokens": key.num_tokens, "num_reqs": key.num_reqs,
                                                     "uniform_decode": key.uniform_decode},
@@ -320,7 +321,7 @@ class DraftGraphRunner:
         return rounds, record
 
     def _replay(self, batch: DraftBatch, decision: DispatchDecision
-                ) -> tuple[list[list[int]], list[AttentionMetadata], list[dict[str, Any]] | None]:
+                ) -> tuple[list[list[int]], list[AttentionMetadata], list[JsonObject] | None]:
         mode, key, num_tokens = decision.runtime_mode, decision.batch_descriptor, decision.num_tokens_padded
         assert key is not None
         metas = self._padded(batch, mode, key, num_tokens)

@@ -34,6 +34,7 @@ from harness.graph.runner import EagerRunner, StepInputs
 from harness.graph.scheduler import Step
 from harness.model import DecoderLM, PagedKVCache
 from harness.ops import fia_call_tags
+from harness.plain import JsonObject
 
 __all__ = ["DraftBatch", "Drafter", "draft_batch", "draft_model", "round_metadata"]
 
@@ -151,7 +152,7 @@ class Drafter:
         self.max_blocks = -(-config.max_model_len // config.block_size)
         self.block_size = config.block_size
         self.graphs = graphs
-        self.last: dict[str, Any] | None = None  # how the last step's rounds ran (graph path: its record)
+        self.last: JsonObject | None = None  # how the last step's rounds ran (graph path: its record)
 
     def propose(self, step: Step, tokens: dict[str, list[int]], plan: StepPlan, *,
                 fix_on: bool = True) -> dict[str, list[int]]:

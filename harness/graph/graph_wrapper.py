@@ -42,6 +42,7 @@ from harness.engine.protocol import DeviceGraph, Engine, GraphPool
 from harness.graph.capture_errors import capture_error_text
 from harness.graph.dispatcher import BatchDescriptor
 from harness.graph.modes import CUDAGraphMode
+from harness.plain import Kwargs
 
 __all__ = [
     "CaptureDisabledError", "CaptureMonitor", "ForwardContext", "GraphEntry", "GraphWrapper", "InputAddressError",
@@ -246,7 +247,7 @@ class GraphWrapper:
         return entry.output
 
     def _capture(self, entry: GraphEntry, context: ForwardContext, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
+                 kwargs: Kwargs) -> Any:
         if self.debug_log_enable:
             logger.debug("Capturing a graph on (%s, %s)", self.runtime_mode.name, entry.batch_descriptor)
         self.monitor.validate()

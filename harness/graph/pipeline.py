@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -37,6 +37,7 @@ from harness.model import DecoderLM, ModelConfig, PagedKVCache, build_model
 from harness.model.parallel import make_kv_cache
 from harness.ops import fia_call_tags, fia_contract, observe_fia_calls, register_updatable_ops
 from harness.ops.attention import AttentionStyle
+from harness.plain import JsonObject
 
 
 @dataclass(frozen=True)
@@ -455,13 +456,13 @@ def step_inputs(step: Step | None, tokens: dict[str, list[int]], meta: Attention
     return StepInputs(meta, ids)
 
 
-def _descriptor(plan: StepPlan) -> dict[str, Any] | None:
+def _descriptor(plan: StepPlan) -> JsonObject | None:
     key = plan.decision.batch_descriptor if plan.decision else None
     return None if key is None else {"num_tokens": key.num_tokens, "num_reqs": key.num_reqs,
                                      "uniform_decode": key.uniform_decode}
 
 
-def _host_lists(meta: AttentionMetadata) -> dict[str, Any]:
+def _host_lists(meta: AttentionMetadata) -> JsonObject:
     return {
         "query_start_loc": list(meta.query_start_loc),
         "actual_seq_lengths": list(meta.actual_seq_lengths),

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
+
+from harness.plain import JsonObject
 
 if TYPE_CHECKING:  # types only: a record is read (checks, reports) where torch may never load
     from torch import Tensor
@@ -91,20 +93,20 @@ class StepRecord:
     padding_source: str
     dispatch_reason: str
     ledger: dict[str, int] = field(default_factory=dict)  # what each feature added to T
-    descriptor: dict[str, Any] | None = None  # the key of the graph replayed (None: eager)
-    metadata: dict[str, Any] = field(default_factory=dict)  # the graph path's host lists
-    reference_metadata: dict[str, Any] = field(default_factory=dict)  # the unpadded host lists
+    descriptor: JsonObject | None = None  # the key of the graph replayed (None: eager)
+    metadata: JsonObject = field(default_factory=dict)  # the graph path's host lists
+    reference_metadata: JsonObject = field(default_factory=dict)  # the unpadded host lists
     sampled: dict[str, list[int]] = field(default_factory=dict)  # path -> token per request
     # path -> per request, the greedy tokens the step's rows gave up to the first rejected draft
     # (spec decode: the accepted drafts and the bonus token; otherwise the sampled token)
     generated: dict[str, list[list[int]]] = field(default_factory=dict)
     proposed: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # path -> req -> draft tokens verified
     logits: dict[str, Tensor] = field(default_factory=dict)  # path -> real-row logits (not serialised)
-    executed: list[dict[str, Any]] | None = None  # per layer: host lists the graph executed
+    executed: list[JsonObject] | None = None  # per layer: host lists the graph executed
     host_lists_unverifiable: bool = False  # a FULL replay on a backend that cannot report them
     # the graph path's draft (speculative decoding): its dispatch, and for a draft graph the host
     # lists of each round and what each task group executed (harness.graph.draft_runner)
-    draft: dict[str, Any] | None = None
+    draft: JsonObject | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # path -> wall time to its logits on the host
 
 
@@ -121,12 +123,12 @@ class RunRecord:
     texts: dict[str, dict[str, list[int]]] = field(default_factory=dict)  # path -> req -> tokens
     unfinished: dict[str, list[str]] = field(default_factory=dict)  # path -> requests the step limit cut short
     errors: list[PathError] = field(default_factory=list)
-    stream_usage: dict[str, Any] = field(default_factory=dict)
-    memory: dict[str, Any] = field(default_factory=dict)
+    stream_usage: JsonObject = field(default_factory=dict)
+    memory: JsonObject = field(default_factory=dict)
     # What ran on the device: kernels launched (-1 where the runtime does not count them) and
     # bytes of device memory allocated. A run on a device that used none ran on the host.
     device_work: dict[str, int] = field(default_factory=dict)
-    budget: dict[str, Any] = field(default_factory=dict)  # the capture-size policy's decision
+    budget: JsonObject = field(default_factory=dict)  # the capture-size policy's decision
     notes: list[str] = field(default_factory=list)
     speculation: dict[str, dict[str, int]] = field(default_factory=dict)  # path -> proposed/accepted
     reference_here: bool = True  # False: a peer with the same requests ran the reference (runs_reference)

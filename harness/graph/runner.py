@@ -57,6 +57,7 @@ from harness.ops.attention import (
     fia_kwargs,
     update_layers,
 )
+from harness.plain import JsonObject, Kwargs
 
 __all__ = ["AttentionStyle", "EagerRunner", "Fixes", "GraphRunner", "Launched", "RunnerConfig", "StepInputs", "fia_attend"]
 
@@ -105,7 +106,7 @@ def fia_attend(model: DecoderLM, meta: AttentionMetadata, block_table: Tensor,
 
 
 def attend_live(query: Tensor, key_cache: Tensor, value_cache: Tensor, meta: AttentionMetadata,
-                kwargs: dict[str, Any], style: AttentionStyle) -> Tensor:
+                kwargs: Kwargs, style: AttentionStyle) -> Tensor:
     """One eager FIA call with the live host lists ``kwargs`` of ``meta``."""
     if not meta.query_slice:
         return attend_eager(query, key_cache, value_cache, kwargs, style)
@@ -130,7 +131,7 @@ class LiveAttention:
     """What attention reads from the forward context: the step's metadata and FIA's arguments."""
 
     meta: AttentionMetadata
-    kwargs: dict[str, Any]
+    kwargs: Kwargs
 
 
 @dataclass
@@ -234,7 +235,7 @@ class GraphRunner:
             self.seq_lens = torch.zeros(self.max_reqs, dtype=torch.int32, device=device)
         self.update_stream = engine.Stream()
         self.copy_stream = engine.Stream()  # async scheduling's read-back of each step's results
-        self.streams_by_bucket: list[dict[str, Any]] = []
+        self.streams_by_bucket: list[JsonObject] = []
         # What attention keeps per captured key: FULL graphs' task groups, PIECEWISE graphs'
         # static attention outputs (the next piece's captured input).
         self.layer_tasks: dict[BatchDescriptor, list[LayerTask]] = {}
@@ -246,7 +247,7 @@ class GraphRunner:
         # global graph pool, shared by every ACLGraphWrapper).
         self.pool = pool = engine.graph_pool_handle() if mode is not CUDAGraphMode.NONE else None
         self.drafter: DraftGraphs | None = None  # the draft model's graphs, captured with each key
-        wrap: dict[str, Any] = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses,
+        wrap: Kwargs = dict(engine=engine, pool=pool, monitor=self.monitor, debug=config.debug_input_addresses,
                     capture_error_guidance=config.capture_error_guidance)
         # vLLM Ascend synchronizes before a FULL replay so that the host update of this step
         # cannot race the last replay (PR #4233); device buffers need no update, and vLLM's
@@ -384,7 +385,7 @@ class GraphRunner:
                                        "needed": needed, "failed": failed})
 
     # -- execution ---------------------------------------------------------------------------
-    def execute(self, plan: StepPlan, input_ids: list[int]) -> tuple[Tensor, list[dict[str, Any]] | None]:
+    def execute(self, plan: StepPlan, input_ids: list[int]) -> tuple[Tensor, list[JsonObject] | None]:
         """Run one plan and wait for it; return the real rows' logits and the host lists the
         graph executed (a step of an engine without async scheduling)."""
         return self.resolve(self.launch(plan, input_ids))
@@ -448,7 +449,7 @@ class GraphRunner:
                                     self.seq_lens[: meta.num_reqs_padded].clone())
         return launched
 
-    def resolve(self, launched: Launched) -> tuple[Tensor, list[dict[str, Any]] | None]:
+    def resolve(self, launched: Launched) -> tuple[Tensor, list[JsonObject] | None]:
         """Wait for a launched step: its logits on the host, and the host lists its FULL graph
         executed (None where no FULL graph ran)."""
         if launched.ready is None:
@@ -491,7 +492,7 @@ class GraphRunner:
         src = torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
         input_ids.index_copy_(0, dst, previous.sampled.index_select(0, src))
 
-    def _update_full_graph_params(self, key: BatchDescriptor, kwargs: dict[str, Any]) -> None:
+    def _update_full_graph_params(self, key: BatchDescriptor, kwargs: Kwargs) -> None:
         """After a FULL replay was launched (it stalls at each layer's event): update every
         layer's FIA host lists on the update stream (vLLM Ascend ``update_full_graph_params``)."""
         tasks = self.layer_tasks.get(key)
@@ -551,7 +552,7 @@ class GraphRunner:
                 observe_device_lengths(key.num_tokens, cumulative, kv, tuple(self.block_table.shape),
                                        self.heads.block_size)
 
-    def _executed(self, launched: Launched) -> list[dict[str, Any]] | None:
+    def _executed(self, launched: Launched) -> list[JsonObject] | None:
         """The lengths each layer's attention ran with in the launched replay, where they can be
         known: the emulator reads them off the ops it ran; device buffers are read from the copy
         taken right after the replay; else None (the text is the evidence)."""

@@ -34,6 +34,7 @@ from harness.ops.fia import (
     npu_fused_infer_attention_score_out,
 )
 from harness.ops.observe import fia_call_tags
+from harness.plain import Kwargs
 
 if TYPE_CHECKING:  # the types only: harness.ops imports no backend
     from harness.engine.protocol import DeviceStream, Engine, ExternalDeviceEvent, TaskGroup
@@ -65,7 +66,7 @@ class AttentionHeads:
 
 
 def fia_kwargs(heads: AttentionHeads, actual_seq_lengths: Sequence[int], actual_seq_lengths_kv: Sequence[int],
-               block_table: Tensor, style: AttentionStyle = AttentionStyle()) -> dict[str, Any]:
+               block_table: Tensor, style: AttentionStyle = AttentionStyle()) -> Kwargs:
     """FIA's keyword arguments; the host lists are copied to Python ints (read live per call)."""
     return dict(
         actual_seq_lengths=[int(x) for x in actual_seq_lengths],
@@ -81,7 +82,7 @@ def fia_kwargs(heads: AttentionHeads, actual_seq_lengths: Sequence[int], actual_
     )
 
 
-def attend_eager(query: Tensor, key_cache: Tensor, value_cache: Tensor, kwargs: dict[str, Any],
+def attend_eager(query: Tensor, key_cache: Tensor, value_cache: Tensor, kwargs: Kwargs,
                  style: AttentionStyle = AttentionStyle(), op: Callable[..., Any] | None = None) -> Tensor:
     """One eager FIA call (``op`` defaults to the harness op), merged by ``style.combine``."""
     out, lse = (op or npu_fused_infer_attention_score)(query, key_cache, value_cache, **kwargs)
@@ -101,7 +102,7 @@ class LayerTask:
 
 
 def capture_task_group(engine: Engine, query: Tensor, key_cache: Tensor, value_cache: Tensor,
-                       kwargs: dict[str, Any], workspace: Tensor | None = None) -> LayerTask:
+                       kwargs: Kwargs, workspace: Tensor | None = None) -> LayerTask:
     """Inside a capture: event wait + reset, task group begin, FIA ``.out``, task group end.
 
     ``workspace`` is the capture size's workspace once an earlier layer has made it: vLLM Ascend
@@ -124,7 +125,7 @@ def capture_task_group(engine: Engine, query: Tensor, key_cache: Tensor, value_c
 
 
 def update_task_group(engine: Engine, stream: DeviceStream, task: LayerTask, key_cache: Tensor, value_cache: Tensor,
-                      kwargs: dict[str, Any], *, update: bool = True) -> None:
+                      kwargs: Kwargs, *, update: bool = True) -> None:
     """After a replay, on ``stream``: re-issue FIA with new host lists, then record the event.
 
     ``update=False`` records the event without updating (the known-bad pipeline whose graph
@@ -145,7 +146,7 @@ def update_task_group(engine: Engine, stream: DeviceStream, task: LayerTask, key
 
 
 def update_layers(engine: Engine, stream: DeviceStream, tasks: Sequence[LayerTask], caches: Sequence[tuple[Tensor, Tensor]],
-                  kwargs: dict[str, Any]) -> None:
+                  kwargs: Kwargs) -> None:
     """Update every layer of a replayed FULL graph on ``stream`` (tags each call with its layer).
 
     If a layer's update raises (the host check refused the new lists), the events of that layer

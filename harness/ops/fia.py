@@ -42,6 +42,7 @@ from harness.ops.contract import (
 )
 from harness.ops.observe import FiaCall, FiaCallKind, current_tags, record_fia_call
 from harness.ops.signature import FiaKeywords, wrapper_signature
+from harness.plain import Kwargs
 
 if TYPE_CHECKING:  # the type only: harness.ops imports no backend
     from harness.engine.protocol import Engine
@@ -95,7 +96,7 @@ def register_updatable_ops(engine: Engine) -> None:
     engine.register_observed_op(_library.DEVICE_METADATA_OP_NAME, _device_lengths_read)
 
 
-def _device_lengths_read(arguments: dict[str, Any]) -> dict[str, Any]:
+def _device_lengths_read(arguments: Kwargs) -> Kwargs:
     """What ``fia_device_metadata`` read as it ran: its buffers as host lists (cumulative query
     ends, per-request KV lengths), one entry per request slot of ``max_num_reqs``."""
     slots = int(arguments["max_num_reqs"])

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from harness.plain import JsonObject, PlainData
 
 FiaCallKind = Literal["functional", "out", "device_metadata"]
 
 _OBSERVERS: contextvars.ContextVar[tuple[list[FiaCall], ...]] = contextvars.ContextVar(
     "harness_fia_observers", default=()
 )
-_TAGS: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar("harness_fia_tags", default={})
+_TAGS: contextvars.ContextVar[PlainData] = contextvars.ContextVar("harness_fia_tags", default={})
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class FiaCall:
     strict_ok: bool
     relaxed_ok: bool
     error: str | None
-    tags: dict[str, Any] = field(default_factory=dict, hash=False)
+    tags: JsonObject = field(default_factory=dict, hash=False)
     #: ``"TND"`` (cumulative query lengths, T = query rows) or ``"BNSD"`` (per-batch lengths,
     #: T = the batch B); the last-element rule exists only for TND.
     layout: str = "TND"
@@ -60,7 +62,7 @@ def observe_fia_calls() -> Iterator[list[FiaCall]]:
 
 
 @contextlib.contextmanager
-def fia_call_tags(**tags: Any) -> Iterator[dict[str, Any]]:
+def fia_call_tags(**tags: Any) -> Iterator[JsonObject]:
     """Merge ``tags`` into the tags of records made inside the block (inner values win)."""
     merged = {**_TAGS.get(), **tags}
     token = _TAGS.set(merged)
@@ -70,7 +72,7 @@ def fia_call_tags(**tags: Any) -> Iterator[dict[str, Any]]:
         _TAGS.reset(token)
 
 
-def current_tags() -> dict[str, Any]:
+def current_tags() -> JsonObject:
     """A copy of the tags that a record made now would carry."""
     return dict(_TAGS.get())
 

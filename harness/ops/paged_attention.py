@@ -37,6 +37,7 @@ from torch import Tensor
 from harness.ops.contract import FiaArgumentError
 from harness.ops.library import NAMESPACE, PAGED_ATTENTION_OP_NAME
 from harness.ops.reference import Span, paged_attention_into
+from harness.plain import Kwargs
 
 #: ``Tensor.tolist`` as torch defines it, taken before any capture can wrap it. The wrapper reads
 #: ``context_lens`` from HOST memory, which is legal inside a capture; the emulator's capture
@@ -214,7 +215,7 @@ def npu_paged_attention(
     _check(query, key_cache, value_cache, num_kv_heads, num_heads, block_table, out, lengths)
     if _native["op"] is not None:
         lens = context_lens if isinstance(context_lens, Tensor) else torch.tensor(lengths, dtype=torch.int32)
-        kwargs: dict[str, Any] = {} if workspace is None else {"workspace": workspace}
+        kwargs: Kwargs = {} if workspace is None else {"workspace": workspace}
         _native["op"](query=query, key_cache=key_cache, value_cache=value_cache, num_kv_heads=num_kv_heads,
                       num_heads=num_heads, scale_value=scale_value, block_table=block_table,
                       context_lens=lens, out=out, **kwargs)

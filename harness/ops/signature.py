@@ -19,6 +19,8 @@ from typing import Any
 
 from torch import Tensor
 
+from harness.plain import Kwargs
+
 __all__ = ["FIA_KEYWORD_NAMES", "FiaKeywords", "wrapper_signature"]
 
 
@@ -63,7 +65,7 @@ class FiaKeywords:
         """KV heads: ``num_key_value_heads``, where 0 means as many as ``num_heads``."""
         return self.num_key_value_heads or self.num_heads
 
-    def as_kwargs(self, **changed: Any) -> dict[str, Any]:
+    def as_kwargs(self, **changed: Any) -> Kwargs:
         """The keywords as a call passes them (``changed`` replacing some), tensors not copied."""
         out = {name: getattr(self, name) for name in FIA_KEYWORD_NAMES}
         out.update(changed)

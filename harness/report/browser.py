@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.plain import JsonObject
+
 __all__ = ["Chromium", "find_chromium", "BrowserError"]
 
 _CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
@@ -50,7 +52,7 @@ class Chromium:
         self.errors: list[str] = []  # script errors the page raised, as text
         self._next_id = 0
         self._buffer = b""
-        self._events: list[dict[str, Any]] = []
+        self._events: list[JsonObject] = []
         self._session: str | None = None
         self._log_tail = ""
 
@@ -119,7 +121,7 @@ class Chromium:
         shutil.rmtree(self._profile, ignore_errors=True)
 
     # -- protocol ------------------------------------------------------------------------------
-    def _read_message(self, deadline: float) -> dict[str, Any]:
+    def _read_message(self, deadline: float) -> JsonObject:
         while b"\0" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -133,7 +135,7 @@ class Chromium:
         raw, self._buffer = self._buffer.split(b"\0", 1)
         return json.loads(raw)
 
-    def _note(self, message: dict[str, Any]) -> None:
+    def _note(self, message: JsonObject) -> None:
         method, params = message.get("method"), message.get("params") or {}
         if method == "Runtime.exceptionThrown":
             details = params.get("exceptionDetails") or {}
@@ -147,10 +149,10 @@ class Chromium:
             self.errors.append(f"log ({entry.get('source')}): {entry.get('text')} {entry.get('url', '')}".strip())
         self._events.append(message)
 
-    def send(self, method: str, timeout: float | None = None, **params: Any) -> dict[str, Any]:
+    def send(self, method: str, timeout: float | None = None, **params: Any) -> JsonObject:
         """Send one command and wait for its answer (events meanwhile are recorded)."""
         self._next_id += 1
-        message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
+        message: JsonObject = {"id": self._next_id, "method": method, "params": params}
         if self._session and not method.startswith(("Target.", "Browser.")):
             message["sessionId"] = self._session
         os.write(self._to_browser, json.dumps(message).encode() + b"\0")
@@ -163,7 +165,7 @@ class Chromium:
                 return answer.get("result") or {}
             self._note(answer)
 
-    def wait_for(self, method: str, timeout: float | None = None) -> dict[str, Any]:
+    def wait_for(self, method: str, timeout: float | None = None) -> JsonObject:
         """Wait for (or find already recorded) an event such as ``Page.loadEventFired``."""
         for i, event in enumerate(self._events):
             if event.get("method") == method:
@@ -199,7 +201,7 @@ class Chromium:
 
     def screenshot(self, path: str | Path, *, full_page: bool = False) -> Path:
         """A PNG of the viewport (or of the whole page, up to 10,000 px tall)."""
-        params: dict[str, Any] = {"format": "png"}
+        params: JsonObject = {"format": "png"}
         if full_page:
             height = min(10_000, int(self.evaluate("document.documentElement.scrollHeight") or self.height))
             params.update(captureBeyondViewport=True,

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 from deepdiff import DeepDiff
 
+from harness.plain import JsonObject
 from harness.report.results import item_key, item_metrics
 
 #: Outcomes that count as broken. ``xfailed`` is a known-bad scenario failing as designed.
@@ -74,8 +75,8 @@ class MetricMove:
 
 @dataclass
 class RunDiff:
-    baseline: dict[str, Any]  # path, commit, items: where each side came from
-    current: dict[str, Any]
+    baseline: JsonObject  # path, commit, items: where each side came from
+    current: JsonObject
     new_failures: list[ItemChange] = field(default_factory=list)
     fixed: list[ItemChange] = field(default_factory=list)
     changed_checks: list[ItemChange] = field(default_factory=list)
@@ -95,7 +96,7 @@ class RunDiff:
         return not (self.new_failures or self.fixed or self.changed_checks or self.added or self.removed
                     or self.metrics)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         data = asdict(self)
         for move, entry in zip(self.metrics, data["metrics"]):
             entry["change"] = move.change
@@ -105,7 +106,7 @@ class RunDiff:
 
 
 # -- reading -------------------------------------------------------------------------------------
-def load_results(path: str | Path) -> dict[str, Any]:
+def load_results(path: str | Path) -> JsonObject:
     """A results file as a dict, or a :class:`ResultsFileError` that names the file."""
     path = Path(path)
     try:
@@ -121,9 +122,9 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def reduce_items(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def reduce_items(data: JsonObject) -> dict[str, JsonObject]:
     """key -> what a diff compares, for every item of a results file."""
-    reduced: dict[str, dict[str, Any]] = {}
+    reduced: dict[str, JsonObject] = {}
     for record in data["items"]:
         if not isinstance(record, dict):
             continue
@@ -138,14 +139,14 @@ def reduce_items(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return reduced
 
 
-def _origin(path: str | Path, data: dict[str, Any]) -> dict[str, Any]:
+def _origin(path: str | Path, data: JsonObject) -> JsonObject:
     given = data.get("run")
     run = given if isinstance(given, dict) else {}
     return {"path": str(path), "commit": run.get("commit"), "started": run.get("started"), "items": len(data["items"])}
 
 
 # -- comparing -----------------------------------------------------------------------------------
-def diff_results(baseline: dict[str, Any], current: dict[str, Any], *,
+def diff_results(baseline: JsonObject, current: JsonObject, *,
                  thresholds: dict[str, tuple[float, float]] | None = None,
                  baseline_path: str | Path = "baseline", current_path: str | Path = "current") -> RunDiff:
     limits = {**THRESHOLDS, **(thresholds or {})}
@@ -155,7 +156,7 @@ def diff_results(baseline: dict[str, Any], current: dict[str, Any], *,
     # The verdict text is explanation, not state: it is reported, never compared.
     # threshold_to_diff_deeper=0: DeepDiff >= 8 otherwise reports two dicts sharing under a third
     # of their keys (a baseline whose ids changed) as one root change, with no item in it.
-    comparable: dict[str, Any] = {"exclude_regex_paths": [r"root\[.+?\]\['verdict'\]"], "threshold_to_diff_deeper": 0}
+    comparable: JsonObject = {"exclude_regex_paths": [r"root\[.+?\]\['verdict'\]"], "threshold_to_diff_deeper": 0}
     tree = DeepDiff(before, after, view="tree", **comparable)
     outcome_changed: set[str] = set()
     checks_changed: set[str] = set()
@@ -192,13 +193,13 @@ def diff_results(baseline: dict[str, Any], current: dict[str, Any], *,
     return result
 
 
-def _change(key: str, before: dict[str, Any], after: dict[str, Any]) -> ItemChange:
+def _change(key: str, before: JsonObject, after: JsonObject) -> ItemChange:
     old, new = before.get(key) or {}, after.get(key) or {}
     return ItemChange(key, old.get("outcome"), new.get("outcome"), old.get("failed_checks", []),
                       new.get("failed_checks", []), (new or old).get("verdict", ""))
 
 
-def _metric_move(key: str, metric: str, before: dict[str, Any], after: dict[str, Any],
+def _metric_move(key: str, metric: str, before: JsonObject, after: JsonObject,
                  limits: dict[str, tuple[float, float]]) -> MetricMove | None:
     old = before[key]["metrics"].get(metric)
     new = after[key]["metrics"].get(metric)
@@ -242,7 +243,7 @@ def _move(move: MetricMove) -> str:
 
 
 def _header(diff: RunDiff) -> str:
-    def side(origin: dict[str, Any]) -> str:
+    def side(origin: JsonObject) -> str:
         commit = f", commit {str(origin['commit'])[:12]}" if origin.get("commit") else ""
         return f"{origin['path']} ({origin['items']} items{commit})"
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from harness.plain import JsonObject
 from harness.report.html import (COLLAPSED, TABLE_COLUMNS, item_key, render_fragments, render_item, render_page,
                                  row_values)
 from harness.report.record import report_record
@@ -32,7 +33,7 @@ __all__ = ["HtmlReport", "FRAGMENT_KEY", "attach_fragment", "report_title"]
 FRAGMENT_KEY = "graph_harness_html"
 
 
-def attach_fragment(report: pytest.TestReport, record: dict[str, Any]) -> None:
+def attach_fragment(report: pytest.TestReport, record: JsonObject) -> None:
     """Render the item's fragment onto its report (read back by the row and page hooks)."""
     key = item_key(report.nodeid)
     try:
@@ -66,7 +67,7 @@ def _sort_key(text: str) -> str:
 class HtmlReport:
     """pytest-html hooks; collects the fragments on the process that writes the report."""
 
-    def __init__(self, records: list[dict[str, Any]], *, preload_charts: bool = False,
+    def __init__(self, records: list[JsonObject], *, preload_charts: bool = False,
                  title: str = "graph-harness", collapsed: str = COLLAPSED) -> None:
         self.title = title
         self.collapsed = collapsed  # rows pytest-html starts collapsed (see render_page)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from harness.plain import JsonObject
 from harness.report.results import RECORD_KEY
 
 __all__ = ["report_record"]
 
 
-def _decode(value: Any) -> dict[str, Any] | None:
+def _decode(value: Any) -> JsonObject | None:
     if isinstance(value, dict):
         return value
     if isinstance(value, (str, bytes)):
@@ -29,7 +30,7 @@ def _decode(value: Any) -> dict[str, Any] | None:
     return None
 
 
-def report_record(report: Any) -> dict[str, Any] | None:
+def report_record(report: object) -> JsonObject | None:
     """The item record a ``call`` report carries, or ``None`` (a plain test, a collection error)."""
     record = _decode(getattr(report, RECORD_KEY, None))
     if record is not None:

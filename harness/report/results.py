@@ -25,12 +25,17 @@ import re
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path, PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.graph.record import RunRecord, fia_calls_by_phase
+from harness.graph.record import RunRecord, StepRecord, fia_calls_by_phase
+from harness.plain import JsonObject
 from harness.report.charts import step_padding
 from harness.report.timing import step_timing
 from harness.report.view import check_states
+
+if TYPE_CHECKING:
+    from harness.checks.result import CheckResult
+    from harness.session import ItemResult
 
 SCHEMA_VERSION = 2
 RECORD_KEY = "graph_harness_record"
@@ -50,7 +55,7 @@ FULL_EVIDENCE_OUTCOMES = frozenset({"failed", "xfailed"})
 EVIDENCE_CHOICES = ("failures", "all")
 
 
-def attach_record(report: Any, record: dict[str, Any]) -> None:
+def attach_record(report: object, record: JsonObject) -> None:
     """Put an item's record on its pytest report (read back with ``report_record``)."""
     setattr(report, RECORD_KEY, record)
 
@@ -59,7 +64,7 @@ def iso_time(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _step(step: Any) -> dict[str, Any]:
+def _step(step: StepRecord) -> JsonObject:
     entry = asdict(step)
     entry.pop("logits")  # tensors stay in memory; the checks already summarised them
     entry.pop("reference_metadata", None)
@@ -69,7 +74,7 @@ def _step(step: Any) -> dict[str, Any]:
     return entry
 
 
-def run_evidence(record: RunRecord | None) -> dict[str, Any]:
+def run_evidence(record: RunRecord | None) -> JsonObject:
     if record is None:
         return {}
     steps = [_step(step) for step in record.steps]
@@ -93,9 +98,9 @@ def run_evidence(record: RunRecord | None) -> dict[str, Any]:
     }
 
 
-def _trim(details: dict[str, Any]) -> dict[str, Any]:
+def _trim(details: JsonObject) -> JsonObject:
     """A check's details with each long evidence list cut to its first entries."""
-    trimmed: dict[str, Any] = {}
+    trimmed: JsonObject = {}
     for key, value in details.items():
         if isinstance(value, list) and len(value) > EVIDENCE_LIMIT and value and isinstance(value[0], dict):
             trimmed[key] = value[:EVIDENCE_LIMIT]
@@ -105,13 +110,13 @@ def _trim(details: dict[str, Any]) -> dict[str, Any]:
     return trimmed
 
 
-def _check(check: Any) -> dict[str, Any]:
+def _check(check: CheckResult) -> JsonObject:
     data = check.to_dict()
     data["details"] = _trim(data.get("details") or {})
     return data
 
 
-def _scalars(details: dict[str, Any]) -> dict[str, Any]:
+def _scalars(details: JsonObject) -> JsonObject:
     """A check's details without its evidence: the counts and names, no lists or tables (a
     non-empty evidence list leaves its length, ``<name>_total``)."""
     kept = {key: value for key, value in details.items() if value is None or isinstance(value, (bool, int, float, str))}
@@ -121,7 +126,7 @@ def _scalars(details: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def summary_record(record: dict[str, Any]) -> dict[str, Any]:
+def summary_record(record: JsonObject) -> JsonObject:
     """A passing or skipped item's record without the evidence nobody reads when nothing failed.
 
     Kept: the item's identity, verdict, metrics and scenario (what ``graph-harness diff`` and
@@ -160,9 +165,9 @@ def relative_source(source: str, root: Path | None) -> str:
     return f"{path}:{line}" if line else path
 
 
-def item_record(result: Any, environment: dict[str, Any] | None = None, *, nodeid: str = "",
+def item_record(result: ItemResult, environment: JsonObject | None = None, *, nodeid: str = "",
                 started: float | None = None, root: Path | None = None,
-                evidence: str = "failures") -> dict[str, Any]:
+                evidence: str = "failures") -> JsonObject:
     """The JSON record of a :class:`harness.session.ItemResult` (plain data, JSON-safe).
 
     The run's environment lives once in the results file's ``run``; ``environment`` is for a
@@ -170,7 +175,7 @@ def item_record(result: Any, environment: dict[str, Any] | None = None, *, nodei
     ``--report-evidence``: ``"failures"`` keeps the full evidence of failing and known-bad
     items only (the others get :func:`summary_record`), ``"all"`` of every item."""
     run = run_evidence(result.record)
-    record = {
+    record: JsonObject = {
         "key": "",
         "nodeid": nodeid,
         "name": result.name,
@@ -203,7 +208,7 @@ def item_record(result: Any, environment: dict[str, Any] | None = None, *, nodei
     return json.loads(json.dumps(record, default=str))
 
 
-def item_key(record: dict[str, Any]) -> str:
+def item_key(record: JsonObject) -> str:
     """The id an item keeps across runs, with or without ``--mode``: the node id with the
     graph mode always among its bracketed parts (``--mode`` adds it to items of a file that
     names no mode; a run without ``--mode`` runs them in their own mode and does not)."""
@@ -220,7 +225,7 @@ def item_key(record: dict[str, Any]) -> str:
     return f"{head}[{parts}-{mode}]" if bracket and parts else f"{head}[{mode}]"
 
 
-def _v1_nodeid(record: dict[str, Any]) -> str:
+def _v1_nodeid(record: JsonObject) -> str:
     """Schema 1 records had no node id: rebuild it from the source file, name and id.
 
     Their source was an absolute path; node ids start at the root, whose scenario library is
@@ -233,7 +238,7 @@ def _v1_nodeid(record: dict[str, Any]) -> str:
     return f"{path}::{name}[{record['id']}]" if record.get("id") else f"{path}::{name}"
 
 
-def item_metrics(record: dict[str, Any]) -> dict[str, Any]:
+def item_metrics(record: JsonObject) -> JsonObject:
     """The numbers a nightly run tracks per item (and ``graph-harness diff`` compares)."""
     run = record.get("run") or {}
     usage = run.get("stream_usage") or {}
@@ -251,7 +256,7 @@ def item_metrics(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def metrics(record: dict[str, Any]) -> list[tuple[str, Any]]:
+def metrics(record: JsonObject) -> list[tuple[str, Any]]:
     """Flat per-item metrics for junitxml's ``<properties>`` (one short line each)."""
     numbers = record.get("metrics") or item_metrics(record)
     return [
@@ -265,7 +270,7 @@ def metrics(record: dict[str, Any]) -> list[tuple[str, Any]]:
     ]
 
 
-def write_results(path: Path, records: list[dict[str, Any]], run: dict[str, Any]) -> None:
+def write_results(path: Path, records: list[JsonObject], run: JsonObject) -> None:
     """Write the results file atomically (a crash mid-write never leaves half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     summary: dict[str, int] = {}
@@ -278,7 +283,7 @@ def write_results(path: Path, records: list[dict[str, Any]], run: dict[str, Any]
     tmp.replace(path)
 
 
-def results_text(payload: dict[str, Any]) -> str:
+def results_text(payload: JsonObject) -> str:
     """The results file as text: the run's fields one per line, then one line per item.
 
     Compact JSON (no indentation: it was two fifths of the bytes) that stays readable with

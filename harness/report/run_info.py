@@ -15,7 +15,8 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+
+from harness.plain import JsonObject
 
 #: Where a CANN toolkit says its version (the first one found wins).
 CANN_HOMES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
@@ -23,7 +24,7 @@ CANN_DEFAULT_HOME = "/usr/local/Ascend/ascend-toolkit/latest"
 CANN_VERSION_FILES = ("compiler/version.info", "version.info", "*/ascend_toolkit_install.info")
 
 
-def git_commit(root: Path) -> dict[str, Any]:
+def git_commit(root: Path) -> JsonObject:
     """``{"commit": sha, "dirty": bool}`` of the checkout at ``root``, or {} outside one."""
     def git(*args: str) -> str | None:
         try:
@@ -62,7 +63,7 @@ def cann_version() -> str | None:
     return None
 
 
-def environment(backend: str) -> dict[str, Any]:
+def environment(backend: str) -> JsonObject:
     """Versions, device and backend; ``backend`` may be ``auto`` (resolved here).
 
     On the emulator this imports no torch: an xdist controller describes the run before it
@@ -71,7 +72,7 @@ def environment(backend: str) -> dict[str, Any]:
     from harness.engine import device_name, resolve
 
     resolved = resolve(backend)
-    env: dict[str, Any] = {
+    env: JsonObject = {
         "harness": harness.__version__,
         "python": platform.python_version(),
         "torch": torch_version(),
@@ -102,7 +103,7 @@ def torch_version() -> str | None:
     return package_version("torch")
 
 
-def suite_properties(run: dict[str, Any]) -> list[tuple[str, str]]:
+def suite_properties(run: JsonObject) -> list[tuple[str, str]]:
     """What junit's ``<testsuite><properties>`` says once for the whole run."""
     env = run.get("environment") or {}
     props = [("graph_harness_results_schema", str(run.get("schema", "")))]

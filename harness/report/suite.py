@@ -11,13 +11,17 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from harness.plain import JsonObject
 from harness.report.results import SCHEMA_VERSION, iso_time
 from harness.report.run_info import environment, git_commit, suite_properties
 
+if TYPE_CHECKING:
+    import pytest
 
-def run_info(config: Any) -> dict[str, Any]:
+
+def run_info(config: pytest.Config) -> JsonObject:
     """The run record at its start, for a pytest ``config``."""
     root = Path(config.rootpath)
     started = time.time()
@@ -33,7 +37,7 @@ def run_info(config: Any) -> dict[str, Any]:
     }
 
 
-def _environment(backend: str) -> dict[str, Any]:
+def _environment(backend: str) -> JsonObject:
     try:
         return environment(backend)
     except Exception as error:  # noqa: BLE001 - a bad backend fails the items, not the run record
@@ -47,7 +51,7 @@ def _relative(path: Path, root: Path) -> str:
         return str(path)
 
 
-def finish_run(run: dict[str, Any]) -> dict[str, Any]:
+def finish_run(run: JsonObject) -> JsonObject:
     finished = time.time()
     done = {key: value for key, value in run.items() if not key.startswith("_")}
     done["finished"] = iso_time(finished)
@@ -56,7 +60,7 @@ def finish_run(run: dict[str, Any]) -> dict[str, Any]:
     return done
 
 
-def add_suite_properties(config: Any, run: dict[str, Any]) -> None:
+def add_suite_properties(config: pytest.Config, run: JsonObject) -> None:
     """Commit, device, backend and versions as junit ``<testsuite>`` properties, when junit is on.
 
     pytest's ``record_testsuite_property`` fixture does exactly this for Python tests; YAML

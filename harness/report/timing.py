@@ -14,14 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+
+from harness.plain import PlainData
 
 __all__ = ["BucketTiming", "replay_by_bucket", "step_timing"]
 
 _REPLAYED = ("FULL", "PIECEWISE")  # a graph path step in another mode ran eagerly: no replay to time
 
 
-def step_timing(steps: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+def step_timing(steps: Iterable[PlainData]) -> dict[str, dict[str, float]]:
     """Per bucket of one run: steps replayed, the graph and padded-eager seconds they took (sums),
     and their real and padded tokens. Steps with either time missing are left out."""
     table: dict[int, dict[str, float]] = {}
@@ -58,7 +59,7 @@ class BucketTiming:
         return self.eager_ms / self.graph_ms if self.graph_ms else 0.0
 
 
-def replay_by_bucket(records: Iterable[Mapping[str, Any]]) -> list[BucketTiming]:
+def replay_by_bucket(records: Iterable[PlainData]) -> list[BucketTiming]:
     """Every item's per-bucket timing (``run.timing``) added up, one row per bucket."""
     total: dict[int, dict[str, float]] = {}
     for record in records:

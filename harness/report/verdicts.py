@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from harness.plain import JsonObject
 
 __all__ = ["DEVICE_REASONS", "Row", "compare", "compare_files", "device_reason", "differences", "render_markdown",
            "render_text"]
@@ -51,7 +52,7 @@ class Row:
         return not self.agree and not self.device_reason
 
 
-def device_reason(record: dict[str, Any]) -> str:
+def device_reason(record: JsonObject) -> str:
     """The name of the machine's reason a skipped item gives (:data:`DEVICE_REASONS`), else ``""``."""
     if record.get("outcome") != "skipped":
         return ""
@@ -59,7 +60,7 @@ def device_reason(record: dict[str, Any]) -> str:
     return next((name for name, pattern in DEVICE_REASONS if pattern.search(verdict)), "")
 
 
-def _key(record: dict[str, Any], root: Path | None) -> str:
+def _key(record: JsonObject, root: Path | None) -> str:
     """The results file's key; for records without one (hand-made, or older), file::id."""
     if record.get("key"):
         return str(record["key"])
@@ -72,7 +73,7 @@ def _key(record: dict[str, Any], root: Path | None) -> str:
     return f"{path}::{record.get('id') or record.get('name')}"
 
 
-def compare(reference: dict[str, Any], other: dict[str, Any], root: Path | None = None) -> list[Row]:
+def compare(reference: JsonObject, other: JsonObject, root: Path | None = None) -> list[Row]:
     """Match the items of two results payloads; an item missing on one side is ``"missing"`` there."""
     left = {_key(i, root): i for i in reference.get("items", []) if isinstance(i, dict)}
     right = {_key(i, root): i for i in other.get("items", []) if isinstance(i, dict)}
@@ -138,7 +139,7 @@ def render_markdown(rows: list[Row], device_name: str, reference_name: str = "em
     return "\n".join(out) + "\n"
 
 
-def _backend(payload: dict[str, Any], fallback: str) -> str:
+def _backend(payload: JsonObject, fallback: str) -> str:
     given = payload.get("environment")
     environment = given if isinstance(given, dict) else {}
     return str(environment.get("backend") or fallback)

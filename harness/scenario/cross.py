@@ -31,20 +31,22 @@ from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from allpairspy import AllPairs
 
+from harness.plain import JsonObject, PlainData
+
 Selection = Literal["full", "pairwise"]
 SELECTIONS: tuple[Selection, ...] = ("pairwise", "full")
 Index = tuple[int, ...]
 #: ``point -> reason`` (None when the point can run); the point is the nested mapping of its axes.
 #: It is also asked about partial points (the first axes only) while the covering array is
 #: built, and must then judge by the axes present, reading absent settings as their defaults.
-Unsupported = Callable[[dict[str, Any]], "str | None"]
+Unsupported = Callable[[JsonObject], "str | None"]
 #: ``point -> cost`` of running a (whole) point, in any unit (the harness: its ranks).
-Cost = Callable[[dict[str, Any]], float]
+Cost = Callable[[JsonObject], float]
 
 
 def select(
     matrix: Mapping[str, Sequence[Any]],
-    excludes: Sequence[Mapping[str, Any]] = (),
+    excludes: Sequence[PlainData] = (),
     *,
     how: Selection = "full",
     restrict: Mapping[str, Iterable[Any]] | None = None,
@@ -134,7 +136,7 @@ def _cheapen(rows: list[Index], allowed: Sequence[Sequence[int]], ok: Callable[[
     return kept
 
 
-def runnable(matrix: Mapping[str, Sequence[Any]], idx: Index, excludes: Sequence[Mapping[str, Any]] = (),
+def runnable(matrix: Mapping[str, Sequence[Any]], idx: Index, excludes: Sequence[PlainData] = (),
              unsupported: Unsupported | None = None) -> bool:
     """Whether a point is neither excluded nor unsupported by design."""
     if _excluded(matrix, list(matrix), idx, excludes):
@@ -143,7 +145,7 @@ def runnable(matrix: Mapping[str, Sequence[Any]], idx: Index, excludes: Sequence
 
 
 def uncovered_pairs(matrix: Mapping[str, Sequence[Any]], chosen: Iterable[Index],
-                    excludes: Sequence[Mapping[str, Any]] = (), *,
+                    excludes: Sequence[PlainData] = (), *,
                     restrict: Mapping[str, Iterable[Any]] | None = None,
                     unsupported: Unsupported | None = None) -> set[tuple[int, int, int, int]]:
     """Pairs ``(axis a, index, axis b, index)`` that some runnable point has but no chosen one.
@@ -161,9 +163,9 @@ def uncovered_pairs(matrix: Mapping[str, Sequence[Any]], chosen: Iterable[Index]
     return need
 
 
-def point_of(matrix: Mapping[str, Sequence[Any]], idx: Index) -> dict[str, Any]:
+def point_of(matrix: Mapping[str, Sequence[Any]], idx: Index) -> JsonObject:
     """The nested mapping a point's axis values make (``{"features": {"sp": {"tp": 2}}}``)."""
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for name, index in zip(matrix, idx):
         value = matrix[name][index]
         if isinstance(value, dict):
@@ -187,7 +189,7 @@ def _allowed(name: str, values: Sequence[Any], restrict: Mapping[str, Iterable[A
 
 
 def _excluded(matrix: Mapping[str, Sequence[Any]], names: Sequence[str], prefix: Index,
-              excludes: Sequence[Mapping[str, Any]]) -> bool:
+              excludes: Sequence[PlainData]) -> bool:
     """Whether an exclude entry whose axes all lie in ``prefix`` matches it."""
     values = {name: matrix[name][index] for name, index in zip(names, prefix)}
     return any(all(k in values and values[k] == v for k, v in entry.items()) for entry in excludes)

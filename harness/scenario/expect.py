@@ -9,6 +9,8 @@ from pydantic import Field, GetJsonSchemaHandler, field_validator, model_validat
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
+from harness.plain import JsonObject
+
 from . import bounds as L
 from .fields import CheckName, ConsistencyError, GraphMode, Loc, NonNeg, Pos, Text, _Base
 from harness.stacks import stack_names
@@ -94,7 +96,7 @@ class DispatchRow(_Base):
             raise ConsistencyError([(("descriptor",), "mode NONE replays no graph: its descriptor is null")])
         return self
 
-    def pinned(self) -> dict[str, Any]:
+    def pinned(self) -> JsonObject:
         """The fields this row pins, as plain data (what the check compares)."""
         out = self.model_dump(mode="json", include=self.model_fields_set - {"step", "rank", "for_mode", "for_stack"})
         if "metadata" in out and self.metadata is not None:

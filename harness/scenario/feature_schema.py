@@ -15,6 +15,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from harness.features import all_fix_switches, registry
+from harness.plain import Kwargs
 
 __all__ = ["CORE_FIXES", "build_features_model", "build_fixes_model", "mirrored_by"]
 
@@ -74,7 +75,7 @@ def build_features_model(base: type[BaseModel], consistency_error: type[Exceptio
                 raise consistency_error(issues)
             return self
 
-    fields: dict[str, Any] = {
+    fields: Kwargs = {
         name: (cls.Settings, Field(default_factory=cls.Settings, description=cls.marker or None))
         for name, cls in classes.items()
     }
@@ -105,7 +106,7 @@ def build_fixes_model(base: type[BaseModel], consistency_error: type[Exception])
                 raise consistency_error(issues)
             return self
 
-    fields: dict[str, Any] = {name: (bool, Field(True, description=text)) for name, text in CORE_FIXES.items()}
+    fields: Kwargs = {name: (bool, Field(True, description=text)) for name, text in CORE_FIXES.items()}
     for name, (feature, switch) in switches.items():
         fields[name] = (bool, Field(switch.default, description=f"{feature}: {switch.description} "
                                                                  f"(off: {switch.known_bad})"))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
+from harness.plain import PlainData
+
 from .bounds import MAX_NAME_CHARS
 from .fields import Loc
 from .overrides import _split
@@ -34,7 +36,7 @@ def render_value(value: Any, axis: str = "") -> str:
     return str(value)
 
 
-def render_id(axes: Mapping[str, Any]) -> str:
+def render_id(axes: PlainData) -> str:
     """The id of a matrix point: each axis value rendered, in axis order, joined by ``-``."""
     return "-".join(render_value(v, k) for k, v in axes.items())
 

@@ -22,9 +22,11 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable
 
 from pydantic import ValidationError
+
+from harness.plain import JsonObject, PlainData
 
 from .errors import ScenarioError, ScenarioFileError, SourceLocation
 from .fields import _fmt_loc
@@ -60,7 +62,7 @@ _MAX_RAW_ERRORS = 10_000
 
 
 #: Picks the matrix points to expand: ``(matrix, excludes) -> index tuples`` (one index per axis).
-Combinations = Callable[[dict[str, list[Any]], list[dict[str, Any]]], Iterable[tuple[int, ...]]]
+Combinations = Callable[[dict[str, list[Any]], list[JsonObject]], Iterable[tuple[int, ...]]]
 
 
 @dataclass
@@ -70,7 +72,7 @@ class _Matrix:
     still report the other errors)."""
 
     axes: dict[str, list[Any]]
-    excludes: list[dict[str, Any]]
+    excludes: list[JsonObject]
     ok: bool
 
 
@@ -80,7 +82,7 @@ class _Expansion:
     ids that messages name them by."""
 
     axes_names: list[str]
-    combos: list[dict[str, Any]]
+    combos: list[JsonObject]
     indices: list[tuple[int, ...]]
     ids: list[str]
 
@@ -97,7 +99,7 @@ class _Validated:
 
 
 def load_scenario_file(
-    path: str | Path, overrides: Mapping[str, Any] | None = None, combinations: Combinations | None = None
+    path: str | Path, overrides: PlainData | None = None, combinations: Combinations | None = None
 ) -> list[ScenarioPoint]:
     """Load one scenario file: one :class:`ScenarioPoint` per matrix point (one if no matrix).
 
@@ -114,7 +116,7 @@ def load_scenario_file(
 def load_scenario_text(
     text: str,
     path: str = "<string>",
-    overrides: Mapping[str, Any] | None = None,
+    overrides: PlainData | None = None,
     stem: str | None = None,
     combinations: Combinations | None = None,
 ) -> list[ScenarioPoint]:
@@ -142,7 +144,7 @@ def load_scenario_text(
     return _with_dispatch_lines(_with_final_ids(validated, expansion), tree)
 
 
-def _top_level(composed: Composed, path: str) -> dict[str, Any]:
+def _top_level(composed: Composed, path: str) -> JsonObject:
     """The file's data: a mapping of scenario fields (an empty file, or another top level, is
     the file's only error)."""
     raw = composed.data
@@ -162,7 +164,7 @@ def _top_level(composed: Composed, path: str) -> dict[str, Any]:
     return raw
 
 
-def _checked_overrides(overrides: Mapping[str, Any] | None, path: str) -> dict[str, Any]:
+def _checked_overrides(overrides: PlainData | None, path: str) -> JsonObject:
     """The overrides, each path into the schema (else every bad one is the file's error)."""
     overrides = dict(overrides or {})
     bad = [
@@ -175,12 +177,12 @@ def _checked_overrides(overrides: Mapping[str, Any] | None, path: str) -> dict[s
     return overrides
 
 
-def _matrix_part(raw: dict[str, Any], tree: _Located, path: str, values: int,
+def _matrix_part(raw: JsonObject, tree: _Located, path: str, values: int,
                  errors: list[ScenarioError]) -> _Matrix:
     """Validate ``matrix``/``matrix_exclude`` (their schema, axis paths, ids, size), adding
     each problem to ``errors``, and return the matrix to expand."""
     matrix: dict[str, list[Any]] = {}
-    excludes: list[dict[str, Any]] = []
+    excludes: list[JsonObject] = []
     matrix_ok = True
     try:
         part = _MatrixPart.model_validate({k: raw[k] for k in _MATRIX_KEYS if k in raw})
@@ -220,7 +222,7 @@ def _matrix_part(raw: dict[str, Any], tree: _Located, path: str, values: int,
     return _Matrix(matrix, excludes, matrix_ok)
 
 
-def _override_axes(matrix: _Matrix, overrides: Mapping[str, Any]) -> None:
+def _override_axes(matrix: _Matrix, overrides: PlainData) -> None:
     """An override of an axis replaces the axis by the single override value."""
     for key, value in overrides.items():
         if key in matrix.axes:
@@ -232,7 +234,7 @@ def _override_axes(matrix: _Matrix, overrides: Mapping[str, Any]) -> None:
             ]
 
 
-def _base_data(raw: dict[str, Any], stem: str) -> dict[str, Any]:
+def _base_data(raw: JsonObject, stem: str) -> JsonObject:
     """The data every point starts from: the file without its matrix part and its extensions
     (keys under ``x-`` hold YAML anchors for merge keys: ``x-base: &base {...}``, ``<<: *base``),
     named after the file unless it names itself."""
@@ -246,7 +248,7 @@ def _expand(matrix: _Matrix, combinations: Combinations | None) -> _Expansion:
     """The points of the matrix (``combinations`` picks them, default the whole cross product)
     that no exclusion removes."""
     axes_names = list(matrix.axes)
-    combos: list[dict[str, Any]] = []
+    combos: list[JsonObject] = []
     indices: list[tuple[int, ...]] = []
     chosen = (combinations(matrix.axes, matrix.excludes) if combinations and axes_names
               else itertools.product(*(range(len(matrix.axes[a])) for a in axes_names)))
@@ -260,7 +262,7 @@ def _expand(matrix: _Matrix, combinations: Combinations | None) -> _Expansion:
     return _Expansion(axes_names, combos, indices, ids)
 
 
-def _validate_points(base: dict[str, Any], expansion: _Expansion, overrides: Mapping[str, Any], tree: _Located,
+def _validate_points(base: JsonObject, expansion: _Expansion, overrides: PlainData, tree: _Located,
                      path: str, composed: Composed) -> _Validated:
     """Validate every point: its axis values and the overrides set on the base data. A point
     that fails keeps its located errors, and, repaired, what the rest of it gives."""

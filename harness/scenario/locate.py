@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 import yaml
+
+from harness.plain import Loc, PlainData
 
 from .errors import ScenarioError
 from .fields import _fmt_loc
@@ -20,7 +22,6 @@ from .yaml_source import compose_text, read_source
 
 __all__ = ["PointError", "file_error", "locate", "locate_in_point", "point_error"]
 
-Loc = tuple[Any, ...]
 
 
 class _Located:
@@ -138,7 +139,7 @@ def point_error(
     axes_names: list[str],
     idx: tuple[int, ...],
     indices: list[tuple[int, ...]],
-    overrides: Mapping[str, Any],
+    overrides: PlainData,
 ) -> PointError:
     """Locate an error of one matrix point: inside the matrix if ``loc`` runs through an axis,
     else in the base document."""

@@ -14,6 +14,8 @@ from typing import Annotated, Any, Mapping, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harness.plain import JsonObject
+
 from .bounds import MAX_MATRIX_POINTS, MAX_MATRIX_WORK
 from .fields import Loc
 
@@ -84,7 +86,7 @@ def axes_issues(matrix: dict[str, list[Any]] | None, root: type[BaseModel]) -> l
 
 
 def exclude_issues(
-    matrix: dict[str, list[Any]] | None, exclude: list[dict[str, Any]]
+    matrix: dict[str, list[Any]] | None, exclude: list[JsonObject]
 ) -> list[tuple[Loc, str]]:
     """Located problems with ``matrix_exclude`` (relative to the scenario root)."""
     issues: list[tuple[Loc, str]] = []
@@ -114,7 +116,7 @@ def exclude_issues(
 class _MatrixPart(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
     matrix: dict[str, Annotated[list[Any], Field(min_length=1)]] | None = None
-    matrix_exclude: list[dict[str, Any]] = Field(default_factory=list)
+    matrix_exclude: list[JsonObject] = Field(default_factory=list)
 
 
 def _size_issue(matrix: Mapping[str, list[Any]] | None, values: int) -> str | None:

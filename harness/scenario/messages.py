@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import difflib
 import types
-from typing import Annotated, Any, Mapping, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
+
+from harness.plain import Loc, PlainData
 
 from .fields import ConsistencyError
 from .schema import Scenario
 
 __all__: list[str] = []
 
-Loc = tuple[Any, ...]
 
 
 def _issues(exc: ValidationError) -> list[tuple[Loc, str, bool]]:
@@ -46,7 +47,7 @@ def _got(value: Any) -> str:
     return "" if isinstance(value, (dict, list)) else f", got {value!r}"
 
 
-def _plain_message(error: Mapping[str, Any], loc: Loc) -> str:
+def _plain_message(error: PlainData, loc: Loc) -> str:
     """A pydantic error in the scenario file's own words: what the value must be, and what it
     was ("must be at most 16, got 100"), never the validator's vocabulary ("Input should be a
     valid dictionary or instance of DPSettings")."""

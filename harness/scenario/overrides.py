@@ -4,9 +4,11 @@ axis values alike."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
+
+from harness.plain import PlainData
 
 from .errors import ScenarioError
 from .schema import check_matrix_path
@@ -34,7 +36,7 @@ def _set_path(data: dict, path: str, value: Any) -> bool:
     return True
 
 
-def apply_overrides(scenario_dict: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict:
+def apply_overrides(scenario_dict: PlainData, overrides: PlainData) -> dict:
     """A deep copy of ``scenario_dict`` with each dotted-path override set.
 
     ``apply_overrides(raw, {"graph.mode": "FULL"})``. Raises :class:`ScenarioError` for a path

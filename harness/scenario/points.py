@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from harness.plain import JsonObject
 
 from .errors import SourceLocation
 from .schema import Scenario
@@ -23,7 +24,7 @@ class ScenarioPoint:
 
     id: str
     scenario: Scenario
-    axes: dict[str, Any] = field(default_factory=dict)
+    axes: JsonObject = field(default_factory=dict)
     source: SourceLocation = field(default_factory=lambda: SourceLocation("<scenario>"))
     #: axis -> the index of this point's value in the file's ``matrix`` (to find its line)
     axis_index: dict[str, int] = field(default_factory=dict)

@@ -9,13 +9,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from harness.plain import Loc
+
 from .fields import _fmt_loc
 from .messages import _issues
 from .schema import Scenario
 
 __all__ = ["MAX_REPAIRED", "MAX_REPAIR_ISSUES", "repair_point"]
 
-Loc = tuple[Any, ...]
 
 _REPAIR_ROUNDS = 3
 #: Points repaired per file, and errors per point worth repairing: beyond them the file's
@@ -48,7 +49,7 @@ def repair_point(data: dict, issues: list[tuple[Loc, str, bool]]) -> tuple[Scena
 
 def _drop(data: Any, loc: Loc) -> bool:
     """Remove the value at ``loc`` (the deepest mapping key on the way that exists)."""
-    parents: list[tuple[dict, str]] = []
+    parents: list[tuple[dict, str | int]] = []
     cur = data
     for part in loc:
         if isinstance(cur, dict) and part in cur:

@@ -23,6 +23,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from harness.plain import JsonObject
+
 from . import bounds as L
 from .expect import DISPATCH_METADATA, DispatchKey, DispatchMetadata, DispatchRow, Expect, RuntimeMode
 from .fields import (
@@ -121,7 +123,7 @@ class Scenario(_Base):
         None,
         description="Dotted path -> list of values; the cross product expands the file.",
     )
-    matrix_exclude: list[dict[str, Any]] = Field(
+    matrix_exclude: list[JsonObject] = Field(
         default_factory=list,
         description="Points matching every key/value of any entry are dropped.",
     )
@@ -189,7 +191,7 @@ def matrix_issues(matrix: dict[str, list[Any]] | None) -> list[tuple[Loc, str]]:
     return axes_issues(matrix, Scenario)
 
 
-def export_json_schema() -> dict[str, Any]:
+def export_json_schema() -> JsonObject:
     """The JSON Schema of a scenario file (for editors and docs)."""
     schema = Scenario.model_json_schema()
     schema.setdefault("title", "graph-harness scenario")

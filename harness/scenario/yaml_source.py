@@ -30,6 +30,8 @@ import yaml
 from yaml import events as ev
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from harness.plain import Loc
+
 from .errors import ScenarioError, ScenarioFileError
 from .bounds import MAX_DEPTH, MAX_FILE_BYTES, MAX_INT_DIGITS, MAX_VALUES
 
@@ -42,7 +44,6 @@ _INT = "tag:yaml.org,2002:int"
 _FORBIDDEN = re.compile("[^\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 _LINE_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
 
-Loc = tuple[Any, ...]
 
 
 def _fail(message: str, path: str, line: int | None, field: str = "") -> ScenarioFileError:
