@@ -17,8 +17,9 @@ Kept apart from :mod:`harness.pytest_plugin` so that file only calls in here:
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pytest
 
@@ -27,6 +28,7 @@ from harness.scenario import Scenario
 from harness.scenario.cross import SELECTIONS, Selection, select
 from harness.scenario.limits import item_timeout
 from harness.scenario.loader import Combinations
+from harness.scenario.overrides import set_path
 
 CROSS_PRODUCT_MARKER = "cross_product"
 SLOW_MARKER = "slow"
@@ -48,20 +50,52 @@ def combinations(config: pytest.Config, path: Path, modes: list[str] | None,
                  stack: str | None = None) -> Combinations | None:
     """The point selection for this file, or None for the loader's full expansion. ``stack``
     (``--stack``) is what a point that names no stack is judged under."""
-    if not _declares_pairwise(path):
+    base = _pairwise_base(path)
+    if base is None:
         return None
     how: Selection = config.getoption("--matrix") or "pairwise"  # the option's choices are SELECTIONS
 
     def chosen(matrix: dict[str, list[Any]], excludes: list[JsonObject]):
         restrict = None
         if modes and "graph.mode" in matrix:  # cover pairs within the run's modes
-            restrict = {"graph.mode": [v for v in matrix["graph.mode"] if _mode(v) in modes]}
-        def judged(point: JsonObject) -> str | None:
-            return unsupported({"stack": stack, **point} if stack and "stack" not in point else point)
+            kept = [v for v in matrix["graph.mode"] if _mode(v) in modes]
+            # none kept: the run has no item of this file (collection drops the points by mode)
+            restrict = {"graph.mode": kept} if kept else None
+        if stack and "stack" not in base:
+            defaults = {**base, "stack": stack}
+        else:
+            defaults = base
 
-        return select(matrix, excludes, how=how, restrict=restrict, unsupported=judged, cost=ranks)
+        def judged(point: JsonObject) -> str | None:
+            try:
+                return unsupported(_whole(defaults, point, matrix))
+            except (ValueError, TypeError, KeyError, AttributeError):
+                return None  # a value the schema refuses: its point reports it, located, when validated
+
+        def cost(point: JsonObject) -> int:
+            try:
+                return ranks(_whole(defaults, point, matrix))
+            except (ValueError, TypeError, KeyError, AttributeError):
+                return 1
+
+        return select(matrix, excludes, how=how, restrict=restrict, unsupported=judged, cost=cost)
 
     return chosen
+
+
+def _whole(base: JsonObject, point: JsonObject, axes: Iterable[str]) -> JsonObject:
+    """The scenario a (possibly partial) point of the selection stands for: the file's own
+    fields with each axis value the point has set at its path, as the loader sets it."""
+    data = copy.deepcopy(base)
+    for axis in axes:
+        value: Any = point
+        for part in axis.split("."):
+            if not isinstance(value, dict) or part not in value:
+                break
+            value = value[part]
+        else:
+            set_path(data, axis, value)
+    return data
 
 
 def mark_item(item: pytest.Item, scenario: Scenario) -> None:
@@ -105,15 +139,20 @@ def ranks(point: JsonObject) -> int:
     return world_size(active_features(point.get("features", {}), point.get("fixes", {})))
 
 
-def _declares_pairwise(path: Path) -> bool:
+def _pairwise_base(path: Path) -> JsonObject | None:
+    """The file's fields outside its matrix when it declares ``matrix_selection: pairwise``,
+    else None: a point is judged with them (a file's ``features.dp.size: 2`` holds for an axis
+    of ``features.dp.batches``)."""
     from harness.scenario import ScenarioError
     from harness.scenario.yaml_source import compose_text, read_source
 
     try:  # the bounded reader: an alias bomb or bad bytes must not hang or raise here
         data = compose_text(read_source(str(path)), str(path)).data
     except ScenarioError:
-        return False  # the loader reports it
-    return isinstance(data, dict) and data.get("matrix_selection") == "pairwise"
+        return None  # the loader reports it
+    if not isinstance(data, dict) or data.get("matrix_selection") != "pairwise":
+        return None
+    return {k: v for k, v in data.items() if k not in ("matrix", "matrix_exclude", "matrix_selection")}
 
 
 def _mode(value: Any) -> str:

@@ -11,13 +11,14 @@ the offending field. Used from plain Python, the same error reads as one message
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import bounds as L
 from harness.graph.modes import CUDAGraphMode
 from harness.names import CheckName as _CheckName
+from harness.plain import Loc, RawKey
 
 __all__ = ["CHECK_NAMES", "GRAPH_MODES", "CheckName", "ConsistencyError", "GraphMode", "Loc", "NonNeg", "NonNegFloat",
            "NonNegInt", "Pos", "PosInt", "Text"]
@@ -47,7 +48,6 @@ def NonNeg(maximum: int) -> Any:
 Text = Annotated[str, Field(max_length=L.MAX_STRING_CHARS)]
 _NAME = r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$"
 
-Loc = tuple[Union[str, int], ...]
 
 
 class ConsistencyError(ValueError):
@@ -67,6 +67,8 @@ class ConsistencyError(ValueError):
 def _fmt_loc(loc: Loc) -> str:
     out = ""
     for part in loc:
+        if isinstance(part, RawKey):
+            continue  # a key that is no text has no field name: its message names it
         if isinstance(part, int):
             out += f"[{part}]"
         else:

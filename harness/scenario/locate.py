@@ -11,7 +11,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from harness.plain import Loc, PlainData
+from harness.plain import Loc, PlainData, RawKey
 
 from .errors import ScenarioError
 from .fields import _fmt_loc
@@ -42,6 +42,22 @@ class _Located:
                     index[k.value] = (k, v)
         return index.get(key)
 
+    @staticmethod
+    def _raw_key(node: yaml.MappingNode, value: object):
+        """``node``'s entry whose key YAML reads as ``value`` (a bool, null or number: the text
+        ``true``, ``~`` or ``0x3`` may stand for it), the last one as PyYAML keeps it."""
+        constructor = yaml.constructor.SafeConstructor()
+        hit = None
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:str":
+                try:
+                    key = constructor.construct_object(k)
+                except Exception:  # noqa: BLE001 - a key it cannot read is not the one sought
+                    continue
+                if type(key) is type(value) and key == value:
+                    hit = (k, v)
+        return hit
+
     def walk(self, loc: Iterable[Any], start: yaml.Node | None = None):
         """Follow ``loc`` from ``start`` (default root). Returns ``(node, key_node, matched)``:
         the deepest node reached, the mapping key that led to it (or None) and how many parts
@@ -51,7 +67,7 @@ class _Located:
         matched = 0
         for part in loc:
             if isinstance(node, yaml.MappingNode):
-                hit = self._lookup(node, str(part))
+                hit = self._raw_key(node, part.value) if isinstance(part, RawKey) else self._lookup(node, str(part))
                 if hit is None:
                     break
                 key_node, node = hit

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from harness.plain import Loc, PlainData
+from harness.plain import Loc, PlainData, RawKey
 
 from .fields import ConsistencyError
 from .schema import Scenario
@@ -38,8 +38,28 @@ def _issues(exc: ValidationError) -> list[tuple[Loc, str, bool]]:
         if kind == "missing":
             out.append((loc, f"missing required key {loc[-1]!r}", False))
             continue
+        if kind == "invalid_key":  # pydantic's loc stands True in for 1: the key itself locates it
+            key = e.get("input")
+            kind_of = {bool: " (a boolean)", int: " (an integer)", float: " (a number)"}.get(type(key), "")
+            out.append((loc[:-1] + (RawKey(key),), f"a key YAML reads as {_yaml_text(key)}{kind_of} is not "
+                        "text: quote it if it is a name", True))
+            continue
         out.append((loc, _plain_message(e, loc), False))
     return out
+
+
+def _yaml_text(value: Any) -> str:
+    """A scalar as YAML writes it (``true``, ``null``)."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _example(field: str, default: Any, value: Any) -> str:
+    """``, such as {field: x}`` for a scalar written where settings go: the value itself when
+    it is of the field's type (``mtp: 2`` -> ``{k: 2}``), else the field's default, else nothing."""
+    if not isinstance(default, (bool, int, float, str)):
+        return ""
+    shown = value if type(value) is type(default) else default
+    return f", such as {{{field}: {_yaml_text(shown)}}}"
 
 
 def _got(value: Any) -> str:
@@ -84,7 +104,7 @@ def _plain_message(error: PlainData, loc: Loc) -> str:
         holder = _type_at(loc)
         if isinstance(holder, type) and issubclass(holder, BaseModel) and holder.model_fields:
             fields = list(holder.model_fields)
-            example = f", such as {{{fields[0]}: {value}}}" if isinstance(value, (int, float, str)) else ""
+            example = _example(fields[0], holder.model_fields[fields[0]].default, value)
             return f"must be a mapping of its settings ({', '.join(fields)}){example}{_got(value)}"
         return f"must be a mapping (key: value){_got(value)}"
     return msg.replace("Input should be", "must be", 1) + _got(value)

@@ -13,14 +13,14 @@ from harness.plain import PlainData
 from .errors import ScenarioError
 from .schema import check_matrix_path
 
-__all__ = ["apply_overrides", "parse_override"]
+__all__ = ["apply_overrides", "parse_override", "set_path"]
 
 
 def _split(path: str) -> list[str]:
     return path.split(".")
 
 
-def _set_path(data: dict, path: str, value: Any) -> bool:
+def set_path(data: dict, path: str, value: Any) -> bool:
     """Set ``data[a][b][c] = value`` for ``path == "a.b.c"``, creating missing mappings.
     Returns False (and leaves ``data`` unchanged) if an intermediate value is not a mapping."""
     parts = _split(path)
@@ -47,7 +47,7 @@ def apply_overrides(scenario_dict: PlainData, overrides: PlainData) -> dict:
         why = check_matrix_path(key)
         if why:
             raise ScenarioError(why.replace("unknown path", "unknown override path"), field=key)
-        if not _set_path(out, key, value):
+        if not set_path(out, key, value):
             raise ScenarioError(
                 f"cannot override {key!r}: a value on the way is not a mapping", field=key
             )
@@ -68,7 +68,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def _set_copied(data: dict, path: str, value: Any) -> None:
-    """Set ``path`` in ``data`` like :func:`_set_path`, copying (not mutating) every mapping on
+    """Set ``path`` in ``data`` like :func:`set_path`, copying (not mutating) every mapping on
     the way, so that ``data`` may share everything else with the file's other points."""
     parts = _split(path)
     cur = data

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from harness.plain import Loc
+from harness.plain import Loc, RawKey
 
 from .fields import _fmt_loc
 from .messages import _issues
@@ -49,12 +49,13 @@ def repair_point(data: dict, issues: list[tuple[Loc, str, bool]]) -> tuple[Scena
 
 def _drop(data: Any, loc: Loc) -> bool:
     """Remove the value at ``loc`` (the deepest mapping key on the way that exists)."""
-    parents: list[tuple[dict, str | int]] = []
+    parents: list[tuple[dict, object]] = []
     cur = data
     for part in loc:
-        if isinstance(cur, dict) and part in cur:
-            parents.append((cur, part))
-            cur = cur[part]
+        key = part.value if isinstance(part, RawKey) else part
+        if isinstance(cur, dict) and key in cur:
+            parents.append((cur, key))
+            cur = cur[key]
         elif isinstance(cur, list) and isinstance(part, int) and 0 <= part < len(cur):
             cur = cur[part]
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .fields import Loc
+from .expect import Expect
 from .sections import GraphSpec, ModelSpec, StepEntry, Workload
 from harness.features import registry
 
@@ -26,12 +27,21 @@ class Sections(Protocol):
     features: Any  # generated from the feature registry (.sections.Features)
     fixes: Any
     steps: int
+    expect: Expect
 
 
 def scenario_issues(scenario: Sections) -> list[tuple[Loc, str]]:
     """Every cross-section problem of ``scenario``, located from its root (mirrors applied)."""
     return [*_mirror_issues(scenario), *_capture_size_issues(scenario), *_feature_issues(scenario),
-            *_request_issues(scenario), *_explicit_step_issues(scenario)]
+            *_request_issues(scenario), *_explicit_step_issues(scenario), *_dispatch_step_issues(scenario)]
+
+
+def _dispatch_step_issues(scenario: Sections) -> list[tuple[Loc, str]]:
+    """A dispatch row about a step past ``steps``: the run never reaches it, so the row could
+    only ever fail (steps count from 0)."""
+    return [(("expect", "dispatch", i, "step"),
+             f"step {row.step} never runs: steps is {scenario.steps} (steps 0..{scenario.steps - 1})")
+            for i, row in enumerate(scenario.expect.dispatch or ()) if row.step >= scenario.steps]
 
 
 def _mirror_issues(scenario: Sections) -> list[tuple[Loc, str]]:

@@ -127,16 +127,34 @@ def compose_text(text: str, path: str) -> Composed:
         root, duplicates, values = _compose(text, path)
         if root is None:
             return Composed(None, None)
-        constructor = yaml.constructor.SafeConstructor()
-        data = constructor.construct_document(root)
+        data = _Constructor().construct_document(root)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         message = " ".join(p for p in (exc.context, exc.problem) if p) or str(exc)
-        raise _fail(f"YAML syntax error: {message}", path, line) from None
+        kind = "value" if isinstance(exc, _UnreadableValue) else "syntax"
+        raise _fail(f"YAML {kind} error: {message}", path, line) from None
     except yaml.YAMLError as exc:
         raise _fail(f"YAML error: {exc}", path, None) from None
     return Composed(root, data, duplicates, values)
+
+
+class _Constructor(yaml.constructor.SafeConstructor):
+    """PyYAML's safe constructor, with a scalar it cannot read (``2024-02-30``, ``!!int x``)
+    reported at its line: PyYAML's own scalar constructors raise plain Python errors there."""
+
+    def construct_object(self, node: Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as error:
+            kind = str(node.tag).rpartition(":")[2] or str(node.tag)
+            why = str(error) if not isinstance(error, (KeyError, AttributeError)) else "not a value of this type"
+            raise _UnreadableValue(None, None, f"{node.value!r} is not a valid {kind} ({why})",
+                                   node.start_mark) from None
+
+
+class _UnreadableValue(yaml.constructor.ConstructorError):
+    """A scalar that parses but is no value of its type (a date with no such day)."""
 
 
 def _compose(text: str, path: str) -> tuple[Node | None, list[tuple[Loc, int, str]], int]:
@@ -200,9 +218,9 @@ class _Composer:
         tag = event.tag
         if tag is None or tag == "!":
             tag = self.resolver.resolve(ScalarNode, event.value, event.implicit)
-        if tag == _INT and len(event.value) > MAX_INT_DIGITS:
-            raise _fail(f"integer of {len(event.value)} characters is above the maximum of "
-                        f"{MAX_INT_DIGITS} digits", self.path, _line(event), _fmt(self._child_loc()))
+        if tag == _INT and (digits := len(event.value.lstrip("+-").replace("_", ""))) > MAX_INT_DIGITS:
+            raise _fail(f"integer of {digits} digits is above the maximum of {MAX_INT_DIGITS}",
+                        self.path, _line(event), _fmt(self._child_loc()))
         # (types-PyYAML types the C parser's marks apart from yaml.error.Mark; nodes take either)
         node = ScalarNode(tag, event.value, event.start_mark, event.end_mark, style=event.style)  # type: ignore[arg-type]
         self._count(1, event)
