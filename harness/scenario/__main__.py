@@ -93,6 +93,12 @@ def run_check(paths: list[str], *, mode: str | None = None, items: bool = False)
             bad_files += 1
             errors += len(found)
             continue
+        except Exception as exc:  # noqa: BLE001 - a harness bug on one file never stops the others
+            print(f"{path}: harness error while checking this file ({type(exc).__name__}: {exc}); "
+                  "please report it with the file", file=sys.stderr)
+            bad_files += 1
+            errors += 1
+            continue
         total += len(points)
         if items:
             for suffix, p in points:

@@ -70,3 +70,23 @@ def test_a_path_that_names_no_scenario_is_an_error(tree, capsys):
     assert graph_harness(["check", str(tree / "nothing" / "*.yaml")]) == 1
     out, err = capsys.readouterr()
     assert "no scenario file there" in err and "checked 0 file(s)" in out
+
+
+def test_a_harness_error_on_one_file_is_one_line_and_the_others_are_still_checked(tree, capsys, monkeypatch):
+    import harness.collection
+
+    real = harness.collection.collect_points
+
+    def collect(path, modes=None, **kw):
+        if Path(path).name == "good.yaml":
+            raise RuntimeError("a bug of the harness")
+        return real(path, modes, **kw)
+
+    monkeypatch.setattr(harness.collection, "collect_points", collect)
+    assert graph_harness(["check", str(tree / "mine")]) == 1
+    out, err = capsys.readouterr()
+    assert f"{tree / 'mine' / 'good.yaml'}: harness error while checking this file (RuntimeError: a bug of the " \
+           "harness); please report it with the file" in err.splitlines()
+    assert "Traceback" not in err
+    assert "two.yml:5: features.dp" in err  # the file after it was checked
+    assert out.splitlines() == ["checked 2 file(s): 0 valid with 0 item(s), 2 with 3 error(s)"]
