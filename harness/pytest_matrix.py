@@ -17,7 +17,6 @@ Kept apart from :mod:`harness.pytest_plugin` so that file only calls in here:
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -28,7 +27,7 @@ from harness.scenario import Scenario
 from harness.scenario.cross import SELECTIONS, Selection, select
 from harness.scenario.limits import item_timeout
 from harness.scenario.loader import Combinations
-from harness.scenario.overrides import set_path
+from harness.scenario.overrides import set_copied
 
 CROSS_PRODUCT_MARKER = "cross_product"
 SLOW_MARKER = "slow"
@@ -66,16 +65,18 @@ def combinations(config: pytest.Config, path: Path, modes: list[str] | None,
         else:
             defaults = base
 
+        # A value the schema refuses raises one of _UNREADABLE here: the point is judged runnable
+        # and reports the value, located, when it is validated.
         def judged(point: JsonObject) -> str | None:
             try:
                 return unsupported(_whole(defaults, point, matrix))
-            except (ValueError, TypeError, KeyError, AttributeError):
-                return None  # a value the schema refuses: its point reports it, located, when validated
+            except _UNREADABLE:
+                return None
 
         def cost(point: JsonObject) -> int:
             try:
                 return ranks(_whole(defaults, point, matrix))
-            except (ValueError, TypeError, KeyError, AttributeError):
+            except _UNREADABLE:
                 return 1
 
         return select(matrix, excludes, how=how, restrict=restrict, unsupported=judged, cost=cost)
@@ -83,10 +84,15 @@ def combinations(config: pytest.Config, path: Path, modes: list[str] | None,
     return chosen
 
 
+#: What judging a raw point raises for a value the schema refuses (pydantic's errors are ValueErrors).
+_UNREADABLE = (ValueError, TypeError, KeyError, AttributeError)
+
+
 def _whole(base: JsonObject, point: JsonObject, axes: Iterable[str]) -> JsonObject:
     """The scenario a (possibly partial) point of the selection stands for: the file's own
-    fields with each axis value the point has set at its path, as the loader sets it."""
-    data = copy.deepcopy(base)
+    fields with each axis value the point has set at its path, as the loader sets it (copying
+    only the mappings on the way: the file's fields are shared, read-only)."""
+    data = dict(base)
     for axis in axes:
         value: Any = point
         for part in axis.split("."):
@@ -94,7 +100,7 @@ def _whole(base: JsonObject, point: JsonObject, axes: Iterable[str]) -> JsonObje
                 break
             value = value[part]
         else:
-            set_path(data, axis, value)
+            set_copied(data, axis, value)
     return data
 
 

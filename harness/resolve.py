@@ -140,8 +140,9 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
     ``fia_contract`` overrides the scenario's contract (``--fia-contract``); ``stack`` is the
     profile of a scenario that names none (``--stack``); ``dispatch_lines`` are the file lines
     of its ``expect.dispatch`` rows (:attr:`ScenarioPoint.dispatch_lines`), for the check's
-    words. Raises :class:`ItemProblem` for what the harness cannot run as written (checked first, so a bad file is reported even where the point
-    would be skipped) and :class:`PointSkipped` for a point that cannot run.
+    words. Raises :class:`ItemProblem` for what the harness cannot run as written (checked
+    first, so a bad file is reported even where the point would be skipped) and
+    :class:`PointSkipped` for a point that cannot run.
 
     Each decision calls the module that owns it, once, in the engine's order: the features, the
     stack, the platform's start-up rules, the attention backend's support, the capture sizes,

@@ -34,7 +34,7 @@ from .ids import _id_issues, _keyword_issues, _strip_ids, _unique_ids, _validate
 from .locate import PointError, _Located, file_error, locate, locate_in_point, point_error
 from .matrix import _MatrixPart, _size_issue, exclude_issues
 from .messages import _issues
-from .overrides import _set_copied, apply_overrides, parse_override
+from .overrides import apply_overrides, parse_override, set_copied
 from .points import ScenarioPoint, modes_of
 from .repair import MAX_REPAIR_ISSUES, MAX_REPAIRED, repair_point
 from .schema import Scenario, check_matrix_path, matrix_issues
@@ -275,9 +275,9 @@ def _validate_points(base: JsonObject, expansion: _Expansion, overrides: PlainDa
             break  # enough to fix first; the rest would only repeat them
         data = dict(base)  # copied along each axis path only: points share the rest (read-only)
         for a, v in axes.items():
-            _set_copied(data, a, _strip_ids(v))
+            set_copied(data, a, _strip_ids(v))
         for k, v in overrides.items():
-            _set_copied(data, k, v)
+            set_copied(data, k, v)
         source = SourceLocation(path, matrix_line if axes_names else root_line)
         try:
             scenario = Scenario.model_validate(data)

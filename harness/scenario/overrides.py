@@ -13,14 +13,14 @@ from harness.plain import PlainData
 from .errors import ScenarioError
 from .schema import check_matrix_path
 
-__all__ = ["apply_overrides", "parse_override", "set_path"]
+__all__ = ["apply_overrides", "parse_override", "set_copied"]
 
 
 def _split(path: str) -> list[str]:
     return path.split(".")
 
 
-def set_path(data: dict, path: str, value: Any) -> bool:
+def _set_path(data: dict, path: str, value: Any) -> bool:
     """Set ``data[a][b][c] = value`` for ``path == "a.b.c"``, creating missing mappings.
     Returns False (and leaves ``data`` unchanged) if an intermediate value is not a mapping."""
     parts = _split(path)
@@ -47,7 +47,7 @@ def apply_overrides(scenario_dict: PlainData, overrides: PlainData) -> dict:
         why = check_matrix_path(key)
         if why:
             raise ScenarioError(why.replace("unknown path", "unknown override path"), field=key)
-        if not set_path(out, key, value):
+        if not _set_path(out, key, value):
             raise ScenarioError(
                 f"cannot override {key!r}: a value on the way is not a mapping", field=key
             )
@@ -67,8 +67,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def _set_copied(data: dict, path: str, value: Any) -> None:
-    """Set ``path`` in ``data`` like :func:`set_path`, copying (not mutating) every mapping on
+def set_copied(data: dict, path: str, value: Any) -> None:
+    """Set ``path`` in ``data`` like :func:`_set_path`, copying (not mutating) every mapping on
     the way, so that ``data`` may share everything else with the file's other points."""
     parts = _split(path)
     cur = data
