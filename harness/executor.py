@@ -16,8 +16,7 @@ from harness.checks import EXECUTION, CheckName, CheckResult, run_checks
 from harness.checks.dispatch_table import check_dispatch_table
 from harness.checks.ranks import merge_rank_checks
 from harness.engine import load
-from harness.features import rank_model
-from harness.features.layout import axis_sizes, describe, rank_context, runs_reference
+from harness.features.layout import axis_sizes, describe, rank_context, rank_model, runs_reference
 from harness.graph.pipeline import GraphConfig, PipelineSpec, Workload, run_pipeline
 from harness.graph.record import ErrorCategory, PathError, RunRecord
 from harness.graph.runner import Fixes

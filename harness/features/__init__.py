@@ -19,7 +19,7 @@ import math
 import sys
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from harness.features.base import (
     SINGLE_RANK,
@@ -38,7 +38,6 @@ from harness.features.sp import SequenceParallel
 from harness.plain import Kwargs, PlainData
 
 if TYPE_CHECKING:  # pragma: no cover
-    from harness.model import DecoderLM
     from harness.model.config import ModelConfig
 
 ENTRY_POINT_GROUP = "graph_harness.features"
@@ -71,7 +70,8 @@ def all_fix_switches(classes: Iterable[type[Feature]] | None = None) -> dict[str
     return out
 
 
-def active_features(features: Mapping[str, Any], fixes: Mapping[str, bool]) -> list[Feature]:
+def active_features(features: Mapping[str, FeatureSettings | PlainData | None],
+                    fixes: Mapping[str, bool]) -> list[Feature]:
     """The enabled features of a scenario, in registry order (settings: models or mappings)."""
     classes = registry()
     unknown = [name for name in features if name not in classes]
@@ -146,22 +146,6 @@ def unsupported_reason(features: Sequence[Feature], scenario: PlainData) -> str 
     return None
 
 
-def rank_model(features: Sequence[Feature], ctx: RankContext) -> Callable[[DecoderLM], DecoderLM] | None:
-    """What makes this rank's model from the single-rank one: every feature's
-    :meth:`~Feature.rank_model` in registry order; None when no feature changes the model."""
-    shards = [f for f in features if f.shards_model()]
-    if not shards:
-        return None
-
-    def build(reference: DecoderLM) -> DecoderLM:
-        model = reference
-        for feature in shards:
-            model = feature.rank_model(model, ctx)
-        return model
-
-    return build
-
-
 def feature_label(sections: PlainData) -> str:
     """An item's feature combination (``dp2+sp2+mtp1``, registry order) from its scenario's
     ``features:`` as plain data, or ``base`` when none is on."""
@@ -179,6 +163,6 @@ __all__ = [
     "BUILTIN", "ENTRY_POINT_GROUP", "SINGLE_RANK", "ContextParallel", "DPDisagreement", "DataParallel", "Feature",
     "FeatureSettings", "FixSwitch", "ItemFeatures", "RankAxisFeature", "RankContext", "SequenceParallel", "SizeConstraint",
     "SpeculativeDecoding", "StepShape", "active_features", "all_fix_switches", "budget_inputs", "check_agreement",
-    "feature_label", "item_features", "ledger_colours", "model_problem", "rank_model", "registry",
+    "feature_label", "item_features", "ledger_colours", "model_problem", "registry",
     "size_constraints", "uniform_decode_query_len", "unsupported_reason", "world_size",
 ]

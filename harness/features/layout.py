@@ -1,4 +1,5 @@
-"""The rank layout of an item: one axis per active rank-axis feature, in registry order.
+"""The rank layout of an item: one axis per active rank-axis feature, in registry order, and
+what each rank holds of it (its process groups, its model shard, whether it runs the reference).
 
 The first axis is the outermost: with dp, tp (SP) and cp, ``rank = (dp_rank * tp + tp_rank) *
 cp + cp_rank``. Every rank creates every group of every axis, in the same order (a
@@ -8,10 +9,15 @@ cp + cp_rank``. Every rank creates every group of every axis, in the same order 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from harness.features.base import Feature
 from harness.graph.shape import RankAxis, RankContext
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch.distributed import ProcessGroup
+
+    from harness.model import DecoderLM
 
 
 def axis_sizes(features: Sequence[Feature]) -> list[tuple[str, int]]:
@@ -32,6 +38,22 @@ def runs_reference(features: Sequence[Feature], ctx: RankContext) -> bool:
     return all(ctx.axis(f.axis).rank == 0 for f in features if f.axis and not f.splits_requests())
 
 
+def rank_model(features: Sequence[Feature], ctx: RankContext) -> Callable[[DecoderLM], DecoderLM] | None:
+    """What makes this rank's model from the single-rank one: every feature's
+    :meth:`~Feature.rank_model` in registry order; None when no feature changes the model."""
+    shards = [f for f in features if f.shards_model()]
+    if not shards:
+        return None
+
+    def build(reference: DecoderLM) -> DecoderLM:
+        model = reference
+        for feature in shards:
+            model = feature.rank_model(model, ctx)
+        return model
+
+    return build
+
+
 def coordinates(sizes: Sequence[tuple[str, int]], rank: int) -> dict[str, int]:
     """This rank's index on every axis (row-major, the first axis outermost)."""
     coords: dict[str, int] = {}
@@ -47,7 +69,8 @@ def describe(sizes: Sequence[tuple[str, int]]) -> str:
     return f"{world} ranks ({' x '.join(f'{name} {size}' for name, size in sizes)})"
 
 
-def rank_context(features: Sequence[Feature], rank: int, world: int, new_group: Any = None) -> RankContext:
+def rank_context(features: Sequence[Feature], rank: int, world: int,
+                 new_group: Callable[[list[int]], ProcessGroup] | None = None) -> RankContext:
     """This rank's place and process groups (``new_group``: ``torch.distributed.new_group``)."""
     sizes = axis_sizes(features)
     if math.prod(size for _, size in sizes) != world:

@@ -121,27 +121,29 @@ class Dispatcher:
         self.mixed_full_key_num_reqs = mixed_full_key_num_reqs
         if not capture_sizes and mode is not CUDAGraphMode.NONE:
             raise ValueError(f"graph mode {mode} needs capture sizes (only NONE has none)")
+        # The mode's two routines: the graphs of mixed batches, and of uniform decode batches
+        # where the mode keeps a separate one.
+        mixed = mode.mixed_mode()
+        decode = mode.decode_mode() if mode.separate_routine() else None
         self.table = PaddedSizeTable(capture_sizes) if capture_sizes else None
         self.full_keys: frozenset[BatchDescriptor] = frozenset()
         self.piecewise_keys: frozenset[BatchDescriptor] = frozenset()
-        if mode is not CUDAGraphMode.NONE:
-            self._build_keys()
+        if self.table is not None and mode is not CUDAGraphMode.NONE:
+            self._build_keys(self.table, mixed, decode)
 
-    def _build_keys(self) -> None:
+    def _build_keys(self, table: PaddedSizeTable, mixed: CUDAGraphMode, decode: CUDAGraphMode | None) -> None:
         q = self.uniform_decode_query_len
-        assert self.table is not None  # keys are built only where there are capture sizes (above)
         full: set[BatchDescriptor] = set()
         piecewise: set[BatchDescriptor] = set()
-        mixed = self.mode.mixed_mode()
         if mixed is CUDAGraphMode.FULL:
-            full.update(self._mixed_full_key(size) for size in self.table.sizes)
+            full.update(self._mixed_full_key(size) for size in table.sizes)
         elif mixed is CUDAGraphMode.PIECEWISE:
-            piecewise.update(BatchDescriptor(size) for size in self.table.sizes)
-        if self.mode.separate_routine() and self.mode.decode_mode() is CUDAGraphMode.FULL:
+            piecewise.update(BatchDescriptor(size) for size in table.sizes)
+        if decode is CUDAGraphMode.FULL:
             cap = None if self.max_num_seqs is None else self.max_num_seqs * q
             full.update(
                 self._uniform_key(size)
-                for size in self.table.sizes
+                for size in table.sizes
                 if size % q == 0 and (cap is None or size <= cap)
             )
         self.full_keys = frozenset(full)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -62,10 +62,11 @@ from harness.graph.metadata import (
 )
 from harness.graph.modes import CUDAGraphMode
 from harness.graph.plan import StepPlan
-from harness.graph.runner import LiveAttention, _Piece, attend_live, attention_heads
+from harness.graph.runner import LiveAttention, _Piece, attention_heads
 from harness.model import DecoderLM, PagedKVCache
 from harness.ops import FIA_OP_NAME, fia_call_tags
-from harness.ops.attention import AttentionStyle, LayerTask, capture_task_group, fia_kwargs, update_task_group
+from harness.ops.attention import (AttentionStyle, LayerTask, attend_eager, capture_task_group, fia_kwargs,
+                                   update_task_group)
 from harness.plain import JsonObject, Kwargs
 
 __all__ = ["DraftGraphConfig", "DraftGraphRunner", "one_token_requests"]
@@ -149,7 +150,7 @@ class DraftGraphRunner:
         self._round = 0  # the round the merged forward is in (its attention's tags)
         wrap: Kwargs = dict(engine=engine, pool=pool, monitor=monitor if monitor is not None else CaptureMonitor(enabled=False),
                     debug=config.debug_input_addresses, capture_error_guidance=config.capture_error_guidance)
-        pieces: list[Callable[..., Any]] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
+        pieces: list[Callable[..., tuple[Tensor, ...]]] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
         self.piece_wrappers: list[GraphWrapper] = []
         if graphs and config.mode.has_piecewise_cudagraphs():
             self.piece_wrappers = [GraphWrapper(p, CUDAGraphMode.PIECEWISE, name=f"draft_{p.__name__}",
@@ -222,7 +223,8 @@ class DraftGraphRunner:
                 self.workspaces.setdefault(num_tokens, task.workspace)
                 self.tasks.setdefault(key, []).append(task)
                 return task.out
-            out = attend_live(query, key_cache, value_cache, live.meta, live.kwargs, _DEFAULT_STYLE)
+            out = attend_eager(query, key_cache, value_cache, live.kwargs, _DEFAULT_STYLE,
+                               query_rows=live.meta.query_rows)
         if mode is not CUDAGraphMode.PIECEWISE or key is None:
             return out
         buffer = self._attention_buffer(key, layer, out)

@@ -93,6 +93,13 @@ class AttentionMetadata:
     query_slice: bool = False
 
     @property
+    def query_rows(self) -> int | None:
+        """The query rows the attention reads (``None``: all of them; see ``query_slice``)."""
+        if not self.query_slice:
+            return None
+        return self.actual_seq_lengths[-1] if self.actual_seq_lengths else 0
+
+    @property
     def num_padding_tokens(self) -> int:
         return self.num_input_tokens - self.num_actual_tokens
 

@@ -130,6 +130,8 @@ def run_pipeline(spec: PipelineSpec, engine: Engine, record: RunRecord, ctx: Ran
     style = next((s for f in spec.features if (s := f.attention_style(ctx)) is not None), AttentionStyle())
     # One planner per path that is dispatched: each path has its own scheduler state.
     planners = {name: StepPlanner(planner_config, spec.features, ctx) for name in ("padded", "graph")}
+    eager = {"reference": EagerRunner(reference_model, paths["reference"].kv_cache),
+             "padded": EagerRunner(model, paths["padded"].kv_cache, style)}
     runner = GraphRunner(engine, model, paths["graph"].kv_cache,
                          RunnerConfig(max(g.capture_sizes, default=1), g.max_num_seqs, spec.max_blocks_per_req,
                                       g.warmup_runs, g.fixes, g.mode, g.debug_input_addresses, g.attention_path,
@@ -147,8 +149,6 @@ def run_pipeline(spec: PipelineSpec, engine: Engine, record: RunRecord, ctx: Ran
                              debug_input_addresses=g.debug_input_addresses,
                              capture_error_guidance=g.capture_error_guidance),
             pool=runner.pool, monitor=runner.monitor)
-    eager = {"reference": EagerRunner(reference_model, paths["reference"].kv_cache),
-             "padded": EagerRunner(model, paths["padded"].kv_cache, style)}
     with observe_fia_calls() as calls, fia_contract(spec.fia_contract):  # type: ignore[arg-type]
         record.fia_calls = calls
         started = time.perf_counter()

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -100,20 +100,9 @@ def fia_attend(model: DecoderLM, meta: AttentionMetadata, block_table: Tensor,
     def attend(layer: int, query: Tensor, key_cache: Tensor, value_cache: Tensor) -> Tensor:
         with fia_call_tags(layer=layer):
             kwargs = fia_kwargs(heads, meta.actual_seq_lengths, meta.seq_lens, block_table, style)
-            return attend_live(query, key_cache, value_cache, meta, kwargs, style)
+            return attend_eager(query, key_cache, value_cache, kwargs, style, query_rows=meta.query_rows)
 
     return attend
-
-
-def attend_live(query: Tensor, key_cache: Tensor, value_cache: Tensor, meta: AttentionMetadata,
-                kwargs: Kwargs, style: AttentionStyle) -> Tensor:
-    """One eager FIA call with the live host lists ``kwargs`` of ``meta``."""
-    if not meta.query_slice:
-        return attend_eager(query, key_cache, value_cache, kwargs, style)
-    # vLLM Ascend's non-FULL path: query[:actual_seq_lengths_q[-1]], padding rows left zero
-    real = meta.actual_seq_lengths[-1] if meta.actual_seq_lengths else 0
-    out = attend_eager(query[:real], key_cache, value_cache, kwargs, style)
-    return torch.cat([out, out.new_zeros((query.shape[0] - real, *out.shape[1:]))])
 
 
 class DraftGraphs(Protocol):
@@ -254,7 +243,7 @@ class GraphRunner:
         # CUDA graph wrapper has no such sync.
         full_sync = not self.device_buffers and config.fixes.sync_before_replay
         self.piece_wrappers: list[GraphWrapper] = []
-        pieces: list[Callable[..., Any]] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
+        pieces: list[Callable[..., tuple[Tensor, ...]]] = [_Piece(model, i, kv_cache) for i in range(model.num_pieces)]
         if mode.has_piecewise_cudagraphs():
             # only the last piece's output is used by no later graph (vLLM: weak_ref_output=is_last_graph)
             self.piece_wrappers = [GraphWrapper(p, CUDAGraphMode.PIECEWISE, weak_ref_output=i == len(pieces) - 1,
@@ -320,7 +309,7 @@ class GraphRunner:
         # Eager: NONE, between PIECEWISE pieces, or (known-bad) FIA frozen into a FULL capture
         # with no way to update its host lists.
         with fia_call_tags(layer=layer, **({"phase": "between-pieces"} if between else {})):
-            out = attend_live(query, key_cache, value_cache, live.meta, kwargs, style)
+            out = attend_eager(query, key_cache, value_cache, kwargs, style, query_rows=live.meta.query_rows)
         if not between:
             return out
         buffer = self._attention_buffer(context.graph_key, layer, out)

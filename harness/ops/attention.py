@@ -7,7 +7,8 @@ vLLM Ascend does (reference section 6):
 * :func:`fia_kwargs`: the keyword arguments of ``npu_fused_infer_attention_score`` for a batch
   (TND layout, cumulative query lengths, per-request KV lengths, this rank's heads);
 * :func:`attend_eager`: the eager call (live host lists), with an optional merge of partial
-  results (context parallel merges ranks by their softmax LSE);
+  results (context parallel merges ranks by their softmax LSE) and vLLM Ascend's non-FULL
+  query slice (only the real tokens' rows are attended; the padding rows stay zero);
 * :func:`capture_task_group`: inside a FULL capture, FIA ``.out`` behind an ExternalEvent
   (wait, reset) in a task group with a fixed workspace, returning the :class:`LayerTask` that
   lets the host parameters be changed after every replay;
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -83,10 +84,19 @@ def fia_kwargs(heads: AttentionHeads, actual_seq_lengths: Sequence[int], actual_
 
 
 def attend_eager(query: Tensor, key_cache: Tensor, value_cache: Tensor, kwargs: Kwargs,
-                 style: AttentionStyle = AttentionStyle(), op: Callable[..., Any] | None = None) -> Tensor:
-    """One eager FIA call (``op`` defaults to the harness op), merged by ``style.combine``."""
-    out, lse = (op or npu_fused_infer_attention_score)(query, key_cache, value_cache, **kwargs)
-    return style.combine(out, lse) if style.combine else out
+                 style: AttentionStyle = AttentionStyle(), op: Callable[..., tuple[Tensor, Tensor]] | None = None, *,
+                 query_rows: int | None = None) -> Tensor:
+    """One eager FIA call (``op`` defaults to the harness op), merged by ``style.combine``.
+
+    ``query_rows``: attend only the first rows of ``query`` and return zeros for the rest, as
+    vLLM Ascend's non-FULL path does (``query[:actual_seq_lengths_q[-1]]``: the padding tokens
+    have no request, so the FIA host check holds without a dummy one)."""
+    rows = query if query_rows is None else query[:query_rows]
+    out, lse = (op or npu_fused_infer_attention_score)(rows, key_cache, value_cache, **kwargs)
+    out = style.combine(out, lse) if style.combine else out
+    if query_rows is None:
+        return out
+    return torch.cat([out, out.new_zeros((query.shape[0] - query_rows, *out.shape[1:]))])
 
 
 @dataclass(eq=False)

@@ -234,6 +234,7 @@ def test_slice_pads_tokens_only_and_marks_the_query_slice():
     assert sliced.query_slice and sliced.num_input_tokens == 8 and sliced.num_reqs_padded == 2
     assert sliced.actual_seq_lengths == meta.actual_seq_lengths == [1, 4]  # last element: the real T
     assert sliced.slot_mapping[4:] == [-1] * 4 and sliced.positions[4:] == [0] * 4
+    assert sliced.query_rows == 4 and meta.query_rows is None  # the rows the attention reads
     assert slice_attention_metadata(meta, 4) is meta
     with pytest.raises(ValueError, match="pad once"):
         slice_attention_metadata(sliced, 8)

@@ -153,3 +153,18 @@ def test_check_fia_lengths_is_a_pure_function() -> None:
     check_fia_lengths(7, [3, 8], [3, 8], (2, 2), 4, "off")
     with pytest.raises(FiaArgumentError, match="capacity"):
         check_fia_lengths(8, [3, 8], [3, 9], (2, 2), 4, "off")
+
+
+def test_attend_eager_query_rows_is_the_non_full_slice(padded_batch) -> None:
+    """vLLM Ascend's non-FULL path: FIA on the real rows only (the strict check holds without a
+    dummy request), the padding rows zero; the same rows as the call on the slice itself."""
+    from harness.ops.attention import attend_eager
+
+    b = padded_batch
+    kwargs = b.kwargs(softmax_lse_flag=False)
+    with pytest.raises(FiaContractError, match="561002"):
+        attend_eager(b.query, b.key, b.value, kwargs)
+    out = attend_eager(b.query, b.key, b.value, kwargs, query_rows=8)
+    assert out.shape == b.query.shape
+    assert torch.equal(out[:8], attend_eager(b.query[:8], b.key, b.value, kwargs))
+    assert torch.count_nonzero(out[8:]) == 0
