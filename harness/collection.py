@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import Any
 
 from harness.graph.modes import parse_mode
 from harness.plain import JsonObject
-from harness.scenario import (GRAPH_MODES, ScenarioError, ScenarioFileError, ScenarioPoint, load_scenario_file,
-                              locate, locate_in_point)
+from harness.scenario import (GRAPH_MODES, Scenario, ScenarioError, ScenarioFileError, ScenarioPoint,
+                              load_scenario_file, locate, locate_in_point)
+from harness.scenario.loader import Combinations
 from harness.scenario.yaml_source import compose_text, read_source
 
 __all__ = ["collect_points", "names_a_mode", "parse_modes", "preflight_error", "preflight_point"]
@@ -63,8 +63,8 @@ def names_a_mode(path: str | Path) -> bool:
     )
 
 
-def collect_points(path: str | Path, modes: list[str] | None = None,
-                   combinations: Any = None, stack: str | None = None) -> list[tuple[str, ScenarioPoint]]:
+def collect_points(path: str | Path, modes: list[str] | None = None, combinations: Combinations | None = None,
+                   stack: str | None = None) -> list[tuple[str, ScenarioPoint]]:
     """``(item id, point)`` for every item of the file: the matrix id, plus the mode when the
     file names none and ``modes`` expands it; ``combinations`` selects matrix points (see
     :func:`harness.scenario.load_scenario_file`); ``stack`` (``--stack``) is set on every point
@@ -173,7 +173,7 @@ def preflight_point(path: str | Path, point: ScenarioPoint) -> None:
         raise ScenarioError(error.message + where, path=error.path, line=error.line, field=error.field)
 
 
-def _dispatch_rank_problem(scenario: Any, world: int) -> tuple[str, str] | None:
+def _dispatch_rank_problem(scenario: Scenario, world: int) -> tuple[str, str] | None:
     """A dispatch row about a rank the item does not have: it could never be checked."""
     for i, row in enumerate(scenario.expect.dispatch or ()):
         if row.rank is not None and row.rank >= world:

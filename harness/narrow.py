@@ -20,7 +20,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import yaml
 
@@ -118,7 +118,20 @@ def _names_a_mode(path: Path) -> bool:
 
 
 # -- running a trial -----------------------------------------------------------------------------
-Runner = Callable[[ScenarioPoint], Any]
+class TrialResult(Protocol):
+    """What a trial's run tells the search (:class:`harness.session.ItemResult` is one)."""
+
+    @property
+    def failed_checks(self) -> Iterable[str]: ...
+
+    @property
+    def verdict(self) -> str: ...
+
+    @property
+    def duration(self) -> float: ...
+
+
+Runner = Callable[[ScenarioPoint], TrialResult]
 
 
 def _as_point(data: JsonObject, like: ScenarioPoint) -> ScenarioPoint | None:
@@ -247,11 +260,11 @@ def workload_reductions(data: JsonObject) -> Iterator[Reduction]:
         yield f"layers {layers} -> 1", _with(data, ("model", "layers"), 1)
 
 
-def _names(subset: list[Any], whole: list[Any]) -> str:
+def _names(subset: Sequence[object], whole: Sequence[object]) -> str:
     return ",".join(str(whole.index(r)) for r in subset)
 
 
-def _with(data: JsonObject, path: tuple[str, ...], value: Any) -> JsonObject:
+def _with(data: JsonObject, path: tuple[str, ...], value: object) -> JsonObject:
     changed = _copy(data)
     target = changed
     for part in path[:-1]:

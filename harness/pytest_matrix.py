@@ -18,7 +18,7 @@ Kept apart from :mod:`harness.pytest_plugin` so that file only calls in here:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import pytest
 
@@ -27,6 +27,7 @@ from harness.scenario import Scenario
 from harness.scenario.cross import SELECTIONS, Selection, select
 from harness.scenario.limits import item_timeout
 from harness.scenario.loader import Combinations
+from harness.scenario.matrix import AxisValue
 from harness.scenario.overrides import set_copied
 
 CROSS_PRODUCT_MARKER = "cross_product"
@@ -54,7 +55,7 @@ def combinations(config: pytest.Config, path: Path, modes: list[str] | None,
         return None
     how: Selection = config.getoption("--matrix") or "pairwise"  # the option's choices are SELECTIONS
 
-    def chosen(matrix: dict[str, list[Any]], excludes: list[JsonObject]):
+    def chosen(matrix: dict[str, list[AxisValue]], excludes: list[JsonObject]):
         restrict = None
         if modes and "graph.mode" in matrix:  # cover pairs within the run's modes
             kept = [v for v in matrix["graph.mode"] if _mode(v) in modes]
@@ -94,7 +95,7 @@ def _whole(base: JsonObject, point: JsonObject, axes: Iterable[str]) -> JsonObje
     only the mappings on the way: the file's fields are shared, read-only)."""
     data = dict(base)
     for axis in axes:
-        value: Any = point
+        value: object = point
         for part in axis.split("."):
             if not isinstance(value, dict) or part not in value:
                 break
@@ -161,5 +162,5 @@ def _pairwise_base(path: Path) -> JsonObject | None:
     return {k: v for k, v in data.items() if k not in ("matrix", "matrix_exclude", "matrix_selection")}
 
 
-def _mode(value: Any) -> str:
+def _mode(value: object) -> str:
     return str(value).strip().upper().replace("-", "_")

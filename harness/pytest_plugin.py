@@ -203,7 +203,7 @@ class ScenarioFailed(Exception):
 
 
 class ScenarioItem(pytest.Item):
-    def __init__(self, *, point: ScenarioPoint, **kwargs: Any) -> None:
+    def __init__(self, *, point: ScenarioPoint, **kwargs: Any) -> None:  # pytest's from_parent keywords, for Item
         super().__init__(**kwargs)
         self.point = point
         scenario = point.scenario

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 from harness import features as registry
 from harness.engine.protocol import CAPABILITIES, Capabilities, DeviceRules, StreamConfig
-from harness.features import Feature, ItemFeatures, active_features
+from harness.features import Feature, FeatureSettings, ItemFeatures, active_features
 from harness.graph.capability import ATTENTION_BACKENDS, AttentionPathUnavailable, Resolution, resolve
 from harness.graph.capture_sizes import EngineRefusal, Platform, SizeResolution, resolve_sizes, spec_decode_rounding
 from harness.graph.modes import CompilationModeName, CUDAGraphMode, ModeResolution, parse_mode, resolve_mode
@@ -118,7 +117,7 @@ def scenario_features(scenario: Scenario) -> list[Feature]:
     return active_features(_feature_settings(scenario), scenario.fixes.model_dump())
 
 
-def _feature_settings(scenario: Scenario) -> dict[str, Any]:
+def _feature_settings(scenario: Scenario) -> dict[str, FeatureSettings | None]:
     """Each feature's typed settings section, by its name under ``features:``."""
     return {name: getattr(scenario.features, name) for name in scenario.features.model_dump()}
 

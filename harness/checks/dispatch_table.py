@@ -13,7 +13,7 @@ Pure: the rows are plain dicts (``harness.scenario.DispatchRow.pinned`` plus ``s
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 from harness.checks.result import CheckName, CheckResult
 from harness.graph.record import RunRecord, StepRecord
@@ -50,7 +50,7 @@ def _where(row: PlainData) -> str:
     return where
 
 
-def _mismatch(row: PlainData, **fields: Any) -> JsonObject:
+def _mismatch(row: PlainData, **fields: object) -> JsonObject:
     """One mismatch of ``row``: its index, step and (when known) file line, and ``fields``."""
     where = {"row": row["index"], "step": row["step"]}
     if row.get("line"):
@@ -58,7 +58,7 @@ def _mismatch(row: PlainData, **fields: Any) -> JsonObject:
     return {**where, **fields}
 
 
-def _differences(row: PlainData, got: PlainData) -> list[tuple[str, Any, Any]]:
+def _differences(row: PlainData, got: PlainData) -> list[tuple[str, object, object]]:
     out = []
     for name in FIELDS:
         if name not in row:

@@ -9,7 +9,7 @@ device tensors (``harness.ops.fia_device_metadata``), as FlashAttention does wit
 from __future__ import annotations
 
 import warnings
-from typing import Any, ContextManager, TypeVar, cast
+from typing import Any, ContextManager, Mapping, Sequence, TypeVar, cast
 
 import torch
 
@@ -59,7 +59,7 @@ class NPUGraph(torch.cuda.CUDAGraph):
         _graphs_alive.discard(id(self))
         super().reset()
 
-    def update(self, cpu_update_input: list[dict[str, Any]]) -> None:
+    def update(self, cpu_update_input: Sequence[Mapping[str, object]]) -> None:
         raise UnsupportedOnBackend(f"NPUGraph.update: {_NO_TASK_GROUPS}")
 
 

@@ -21,7 +21,7 @@ the graph path the rounds run through :class:`~harness.graph.draft_runner.DraftG
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from harness.graph.metadata import (
     PAD_SLOT_ID,
@@ -35,6 +35,9 @@ from harness.graph.scheduler import Step
 from harness.model import DecoderLM, PagedKVCache
 from harness.ops import fia_call_tags
 from harness.plain import JsonObject
+
+if TYPE_CHECKING:  # pragma: no cover - draft_runner imports this module
+    from harness.graph.draft_runner import DraftGraphRunner
 
 __all__ = ["DraftBatch", "Drafter", "draft_batch", "draft_model", "round_metadata"]
 
@@ -140,7 +143,7 @@ class Drafter:
     draft model's own graphs and dispatch); None runs every round eagerly (the comparison paths).
     """
 
-    def __init__(self, model: DecoderLM, num_speculative_tokens: int, graphs: Any = None,
+    def __init__(self, model: DecoderLM, num_speculative_tokens: int, graphs: DraftGraphRunner | None = None,
                  kv_cache: PagedKVCache | None = None) -> None:
         """``model``: the draft model (:func:`draft_model`), shared with other paths' drafters;
         ``kv_cache``: the drafter's own (the graph runner's, when it has one)."""

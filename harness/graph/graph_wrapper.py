@@ -152,7 +152,7 @@ def _weak_refs(engine: Engine, value: Any) -> Any:
     return value
 
 
-def _addresses(args: tuple[Any, ...]) -> list[int]:
+def _addresses(args: tuple[object, ...]) -> list[int]:
     return [x.data_ptr() for x in args if isinstance(x, Tensor)]
 
 
@@ -222,7 +222,7 @@ class GraphWrapper:
             raise KeyError(f"{self.name}: no {self.runtime_mode} graph captured for {batch_descriptor}")
         return entry.graph
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> Any:
         context = get_forward_context()
         mode = context.runtime_mode
         if mode is CUDAGraphMode.NONE or mode is not self.runtime_mode:
@@ -246,8 +246,8 @@ class GraphWrapper:
         entry.graph.replay()
         return entry.output
 
-    def _capture(self, entry: GraphEntry, context: ForwardContext, args: tuple[Any, ...],
-                 kwargs: Kwargs) -> Any:
+    def _capture(self, entry: GraphEntry, context: ForwardContext, args: tuple[object, ...],
+                 kwargs: dict[str, object]) -> Any:
         if self.debug_log_enable:
             logger.debug("Capturing a graph on (%s, %s)", self.runtime_mode.name, entry.batch_descriptor)
         self.monitor.validate()

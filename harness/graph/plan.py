@@ -30,7 +30,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Sequence
 
 from harness.graph.capture_sizes import dummy_request_lens
 from harness.graph.dispatcher import BatchDescriptor, DispatchDecision, Dispatcher, is_uniform_decode

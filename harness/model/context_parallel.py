@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -47,6 +47,9 @@ from torch.distributed import ProcessGroup
 from harness.model.config import ModelConfig
 from harness.model.decoder import Attend, attention_scale
 from harness.model.parallel import collective_ops
+
+if TYPE_CHECKING:  # the type only: harness.graph imports the model
+    from harness.graph.metadata import AttentionMetadata
 
 __all__ = [
     "CPRankMetadata",
@@ -243,7 +246,7 @@ def build_cp_metadata(
 
 
 def cp_metadata_from_attention_metadata(
-    meta: Any, *, block_size: int, cp: int, rank: int, pad_kv_lengths: bool = True
+    meta: AttentionMetadata, *, block_size: int, cp: int, rank: int, pad_kv_lengths: bool = True
 ) -> CPRankMetadata:
     """:func:`build_cp_metadata` from a (padded or not) ``harness.graph.AttentionMetadata``:
     real requests and tokens are taken from it, T is its ``num_input_tokens``."""
@@ -299,7 +302,7 @@ def make_cp_attend(
     *,
     scale: float | None = None,
     block_table: Tensor | None = None,
-    fia: Callable[..., Any] | None = None,
+    fia: Callable[..., tuple[Tensor, Tensor]] | None = None,
     gather: str = "functional",
 ) -> Attend:
     """An :data:`Attend` for CP rank ``rank``: local FIA, all-gather, LSE merge.

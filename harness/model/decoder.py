@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Union, cast
+from typing import Union, cast
 
 import torch
 import torch.nn.functional as F
@@ -427,7 +427,7 @@ def make_eager_attend(
     block_table: Tensor,
     *,
     scale: float | None = None,
-    fia: Callable[..., Any] | None = None,
+    fia: Callable[..., tuple[Tensor, Tensor]] | None = None,
     parallel: ParallelContext | None = None,
 ) -> Attend:
     """The default eager :data:`Attend`: FIA, TND layout, causal (``sparse_mode=3``).

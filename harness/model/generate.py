@@ -8,7 +8,6 @@ graph without the task-group update replays: with the canary model this gives re
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,7 +23,7 @@ def generate_greedy(
     *,
     stale_kv_lengths: bool = False,
     kv_cache: PagedKVCache | None = None,
-    fia: Callable[..., Any] | None = None,
+    fia: Callable[..., tuple[Tensor, Tensor]] | None = None,
     req_id: object = "greedy",
     return_logits: bool = False,
 ) -> list[int] | tuple[list[int], list[Tensor]]:

@@ -48,7 +48,7 @@ they return (their ``wait_tensor`` is the identity).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed._functional_collectives  # noqa: F401  (registers the Meta kernels)
@@ -57,6 +57,9 @@ from torch.distributed import ProcessGroup
 
 from harness.model.config import ModelConfig
 from harness.model.kv_cache import PagedKVCache
+
+if TYPE_CHECKING:  # the type only: the model imports no engine
+    from harness.engine.protocol import CollectiveOps
 
 __all__ = [
     "ParallelContext",
@@ -76,15 +79,15 @@ __all__ = [
 ]
 
 _C10D = torch.ops._c10d_functional
-_collective_ops: list[Any] = [_C10D]
+_collective_ops: list[CollectiveOps] = [_C10D]
 
 
-def collective_ops() -> Any:
+def collective_ops() -> CollectiveOps:
     """The op family this process issues its collectives through (see the module docstring)."""
     return _collective_ops[0]
 
 
-def use_collective_ops(ops: Any | None) -> None:
+def use_collective_ops(ops: CollectiveOps | None) -> None:
     """Issue collectives through ``ops`` (an engine's ``Capabilities.collective_ops()``: an object
     with ``_c10d_functional``'s op names), or through ``_c10d_functional`` itself when None."""
     _collective_ops[0] = _C10D if ops is None else ops

@@ -45,6 +45,8 @@ from harness.ops.signature import FiaKeywords, wrapper_signature
 from harness.plain import Kwargs
 
 if TYPE_CHECKING:  # the type only: harness.ops imports no backend
+    from typing_extensions import Unpack
+
     from harness.engine.protocol import Engine
 
 NativeFn = Callable[..., Any]
@@ -183,7 +185,8 @@ def _validate(
     )
 
 
-def _accepts(contract: FiaContract, *args: Any) -> bool:
+def _accepts(contract: FiaContract, *args: Unpack[tuple[Tensor, Tensor, Tensor, Sequence[int] | None,
+                                                          Sequence[int] | None, FiaKeywords]]) -> bool:
     try:
         _validate(contract, *args)
     except (FiaArgumentError, FiaContractError):
@@ -249,7 +252,7 @@ def _host_tiling(
 
 
 def npu_fused_infer_attention_score(
-    query: Tensor, key: Tensor, value: Tensor, *, contract: FiaContract | None = None, **keywords: Any,
+    query: Tensor, key: Tensor, value: Tensor, *, contract: FiaContract | None = None, **keywords: object,
 ) -> tuple[Tensor, Tensor]:
     """Functional FIA: returns ``(attention_out [T, N, Dv], softmax_lse)``.
 
@@ -273,7 +276,7 @@ def npu_fused_infer_attention_score(
 
 def npu_fused_infer_attention_score_out(
     query: Tensor, key: Tensor, value: Tensor, *, workspace: Tensor, out: Sequence[Tensor],
-    contract: FiaContract | None = None, **keywords: Any,
+    contract: FiaContract | None = None, **keywords: object,
 ) -> None:
     """FIA writing into ``out = (attention_out, softmax_lse)`` (torch_npu's ``.out`` form).
 
@@ -311,7 +314,7 @@ def get_max_workspace(
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    **kwargs: Any,
+    **kwargs: object,
 ) -> Tensor:
     """A workspace for the ``.out`` form (torch_npu's ``_..._get_max_workspace``).
 

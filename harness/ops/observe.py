@@ -14,7 +14,7 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from harness.plain import JsonObject, PlainData
 
@@ -62,7 +62,7 @@ def observe_fia_calls() -> Iterator[list[FiaCall]]:
 
 
 @contextlib.contextmanager
-def fia_call_tags(**tags: Any) -> Iterator[JsonObject]:
+def fia_call_tags(**tags: object) -> Iterator[JsonObject]:
     """Merge ``tags`` into the tags of records made inside the block (inner values win)."""
     merged = {**_TAGS.get(), **tags}
     token = _TAGS.set(merged)

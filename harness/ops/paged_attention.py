@@ -248,7 +248,7 @@ def npu_paged_attention_device_lens(
                                                       workspace=workspace)
 
 
-def paged_attention_get_workspace(query: Tensor, **kwargs: Any) -> Tensor:
+def paged_attention_get_workspace(query: Tensor, **kwargs: object) -> Tensor:
     """``torch_npu._npu_paged_attention_get_workspace``: a workspace with a fixed address for graphs.
 
     Takes the op's keyword arguments (``query=`` may be positional). The reference needs no

@@ -24,7 +24,7 @@ from harness.plain import Kwargs
 __all__ = ["FIA_KEYWORD_NAMES", "FiaKeywords", "wrapper_signature"]
 
 
-def _schema(kind: str) -> Any:
+def _schema(kind: str) -> dict[str, str]:
     """A field's type in a ``torch.library`` schema (``SymInt[]?``, ``Tensor?``, ``int``...)."""
     return {"schema": kind}
 
@@ -65,7 +65,7 @@ class FiaKeywords:
         """KV heads: ``num_key_value_heads``, where 0 means as many as ``num_heads``."""
         return self.num_key_value_heads or self.num_heads
 
-    def as_kwargs(self, **changed: Any) -> Kwargs:
+    def as_kwargs(self, **changed: object) -> Kwargs:
         """The keywords as a call passes them (``changed`` replacing some), tensors not copied."""
         out = {name: getattr(self, name) for name in FIA_KEYWORD_NAMES}
         out.update(changed)
@@ -75,7 +75,7 @@ class FiaKeywords:
 FIA_KEYWORD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(FiaKeywords))
 
 
-def _schema_default(value: Any) -> str:
+def _schema_default(value: object) -> str:
     if isinstance(value, str):
         return json.dumps(value)  # "TND"
     return repr(value)  # None, False, 0, 1.0

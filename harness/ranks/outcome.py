@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Generic, Literal, TypeVar
 
 __all__ = ["FailureKind", "RankFailure", "RanksOutcome"]
 
 FailureKind = Literal["exception", "crash", "timeout", "hang"]
+
+_R = TypeVar("_R")  # what the run's fn returns
 
 
 @dataclass(frozen=True)
@@ -32,11 +34,11 @@ class RankFailure:
 
 
 @dataclass
-class RanksOutcome:
+class RanksOutcome(Generic[_R]):
     """What a multi-rank run produced: per-rank results (``None`` where a rank failed)."""
 
     ok: bool
-    results: list[Any | None]
+    results: list[_R | None]
     failures: list[RankFailure]
     duration: float
     logs: list[str] = field(default_factory=list)

@@ -20,7 +20,7 @@ import os
 import pickle
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable
+from typing import Callable
 
 from .protocol import Job
 from .server import warm_context
@@ -57,7 +57,7 @@ class Pool:
         self.idle: list[Worker] = []
         self.owner = os.getpid()  # a pool is not inherited: a forked child starts its own
 
-    def take(self, n: int, fn: Callable[..., Any]) -> list[Worker]:
+    def take(self, n: int, fn: Callable[..., object]) -> list[Worker]:
         if self.owner != os.getpid():
             self.idle, self.owner = [], os.getpid()
         live = [worker for worker in self.idle if alive(worker.process)]
@@ -80,7 +80,7 @@ class Pool:
         _end_workers(workers)
 
     @staticmethod
-    def _start(fn: Callable[..., Any]) -> Worker:
+    def _start(fn: Callable[..., object]) -> Worker:
         ctx = warm_context(fn)
         ours, theirs = ctx.Pipe()
         process = ctx.Process(target=worker_main, args=(theirs, os.getpid()), name="graph-harness-rank",

@@ -81,7 +81,7 @@ def write_result(workdir: str, rank: int, data: bytes) -> None:
     os.replace(path + ".tmp", path)  # atomic: the parent sees all of it or nothing
 
 
-def read_result(path: str) -> tuple[Any, ...]:
+def read_result(path: str) -> tuple[Any, ...]:  # unpickled: the value is whatever the rank's fn returned
     """``("ok", value)`` or ``("error", message, traceback)``."""
     try:
         with open(path, "rb") as f:

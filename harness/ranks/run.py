@@ -12,7 +12,7 @@ import tempfile
 import time
 import traceback
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence, TypeVar
 
 from harness.engine import RUN_DIR_ENV  # every rank is told its run's temp dir
 
@@ -42,19 +42,21 @@ is 120 connections; lazily, a 16-rank item ran 20% faster."""
 START_TIMEOUT_S = 300.0
 """Default limit on start-up (fork or spawn, ``import torch``), kept apart from ``timeout``."""
 
+_R = TypeVar("_R")  # what ``fn`` returns: each rank's result, pickled back
+
 
 def run_ranks(
-    fn: Callable[..., Any],
+    fn: Callable[..., _R],
     world_size: int,
     *,
-    args: Sequence[Any] = (),
+    args: Sequence[object] = (),
     timeout: float,
     backend: str = "gloo",
     env: dict[str, str] | None = None,
     grace: float = 5.0,
     warm: bool = True,
     start_timeout: float = START_TIMEOUT_S,
-) -> RanksOutcome:
+) -> RanksOutcome[_R]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks, one process each.
 
     Each rank initialises a ``torch.distributed`` process group (``backend``, FileStore in a fresh
@@ -138,12 +140,12 @@ def run_ranks(
 
 
 def run_in_process(
-    fn: Callable[..., Any],
+    fn: Callable[..., _R],
     *,
-    args: Sequence[Any] = (),
+    args: Sequence[object] = (),
     process_group: bool = False,
     backend: str = "gloo",
-) -> RanksOutcome:
+) -> RanksOutcome[_R]:
     """Run ``fn(0, 1, *args)`` in the current process: rank 0 of a world of 1, no spawn.
 
     For single-rank variants of multi-rank scenarios and for debugging (breakpoints, no start-up
@@ -178,7 +180,7 @@ def run_in_process(
     return RanksOutcome(True, [result], [], time.monotonic() - start, logs=[""], pids=[os.getpid()])
 
 
-def _not_started(procs: list[BaseProcess], world_size: int, exc: Exception, duration: float) -> RanksOutcome:
+def _not_started(procs: list[BaseProcess], world_size: int, exc: Exception, duration: float) -> RanksOutcome[_R]:
     """Every rank failed: the run's processes could not all be started or given their jobs (the
     caller's ``finally`` ends those that were)."""
     message = f"could not start the run's {world_size} ranks: {describe(exc)}"

@@ -42,7 +42,7 @@ def warm_server_pid() -> int | None:
     return pid
 
 
-def warm_context(fn: Callable[..., Any]) -> multiprocessing.context.ForkServerContext:
+def warm_context(fn: Callable[..., object]) -> multiprocessing.context.ForkServerContext:
     """The forkserver context; the server (started on first use) preloads torch and ``fn``'s module.
 
     The preload list only matters when the server starts: later runs reuse the server, and a

@@ -50,7 +50,7 @@ def supervise(
     such ranks are added to ``over``).
     """
     n = len(procs)
-    results: list[Any | None] = [None] * n
+    results: list[Any | None] = [None] * n  # unpickled: what the run's fn returned (its caller knows the type)
     failures: list[RankFailure] = []
     pending = set(range(n))
     first_failed: int | None = None
@@ -68,7 +68,7 @@ def supervise(
         if now >= stop_at:
             break
         poll = _POLL_S if ready_at else _POLL_S / 10  # a warm start takes milliseconds: notice it soon
-        waitables: list[Any] = [procs[r].sentinel for r in pending]
+        waitables: list[multiprocessing.connection.Connection | int] = [procs[r].sentinel for r in pending]
         if conns is not None:
             waitables += [conns[r] for r in pending if r not in closed]
         for woke in multiprocessing.connection.wait(waitables, timeout=min(poll, stop_at - now)):

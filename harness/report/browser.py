@@ -149,7 +149,7 @@ class Chromium:
             self.errors.append(f"log ({entry.get('source')}): {entry.get('text')} {entry.get('url', '')}".strip())
         self._events.append(message)
 
-    def send(self, method: str, timeout: float | None = None, **params: Any) -> JsonObject:
+    def send(self, method: str, timeout: float | None = None, **params: object) -> JsonObject:
         """Send one command and wait for its answer (events meanwhile are recorded)."""
         self._next_id += 1
         message: JsonObject = {"id": self._next_id, "method": method, "params": params}
@@ -191,7 +191,7 @@ class Chromium:
         self.wait_for("Page.loadEventFired")
         return time.monotonic() - started
 
-    def evaluate(self, expression: str) -> Any:
+    def evaluate(self, expression: str) -> Any:  # a JSON value: the expression, the caller's, decides its shape
         """The value of a JavaScript expression in the page (promises are awaited)."""
         result = self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
         if "exceptionDetails" in result:

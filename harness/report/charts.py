@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Callable, ParamSpec
 
 __all__ = ["step_tokens_svg", "streams_svg", "padding_waste_svg", "padding_by_bucket", "step_padding",
            "source_colours", "preload", "safely"]
@@ -28,9 +28,10 @@ __all__ = ["step_tokens_svg", "streams_svg", "padding_waste_svg", "padding_by_bu
 _CORE_COLOURS = {"real": "#4c78a8", "bucket": "#f58518"}
 _OTHER = "#9d755d"
 _FAIL = "#c62828"
+_P = ParamSpec("_P")  # a chart's parameters, which safely passes through
 
 
-def safely(draw: Any, *args: Any, **kwargs: Any) -> str:
+def safely(draw: Callable[_P, str], *args: _P.args, **kwargs: _P.kwargs) -> str:
     """A chart, or ``""`` if drawing it failed: a chart must never cost the report."""
     try:
         return draw(*args, **kwargs)
@@ -57,6 +58,7 @@ def _sources(ledgers: Iterable[Mapping]) -> list[str]:
     return [s for s in known if s in seen] + sorted(seen - set(known))
 
 
+# matplotlib is optional (and loosely typed): its Figure class, figures and axes stay untyped here.
 def _matplotlib() -> Any:
     # Not cached: a cached class would outlive a re-import of matplotlib (pytester restores
     # sys.modules between in-process runs), and the import is a dict lookup after the first.
@@ -134,7 +136,7 @@ def step_tokens_svg(steps: Sequence[Mapping], *, failed_step: int | None = None,
     return _svg(fig, f"steps-{salt}")
 
 
-def streams_svg(by_bucket: Sequence[Mapping], pool: Any, *, salt: str = "") -> str:
+def streams_svg(by_bucket: Sequence[Mapping], pool: object, *, salt: str = "") -> str:
     """Per captured bucket (in capture order): streams held after its capture, against the pool."""
     rows = [b for b in by_bucket if isinstance(b, Mapping) and isinstance(b.get("in_use"), (int, float))]
     if not rows or not isinstance(pool, (int, float)) or pool <= 0:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
 
 from deepdiff import DeepDiff
 
@@ -268,24 +267,25 @@ def render_text(diff: RunDiff) -> str:
     lines = [f"graph-harness diff: {_header(diff)}", "no changes" if diff.unchanged else _counts(diff)]
     if _noise(diff):
         lines.append(_noise(diff))
-    sections: list[tuple[str, Sequence[Any], Callable[[Any], str]]] = [  # (changes or moves, each its line)
-        ("NEW FAILURES", diff.new_failures, lambda c: f"{c.key}: {_checks(c.checks_after)} ({_outcomes(c)}): {c.verdict}"),
-        ("FIXED", diff.fixed, lambda c: f"{c.key}: was {_checks(c.checks_before)} ({_outcomes(c)})"),
-        ("CHANGED FAILED CHECKS", diff.changed_checks,
-         lambda c: f"{c.key}: {_checks(c.checks_before)} -> {_checks(c.checks_after)} ({_outcomes(c)})"),
-        ("ADDED", diff.added, lambda c: f"{c.key}: {c.after}"),
-        ("REMOVED", diff.removed, lambda c: f"{c.key}: was {c.before}"),
-        ("METRICS MOVED", diff.metrics, lambda m: f"{m.key}: {m.metric} {_move(m)}"),
+    sections: list[tuple[str, list[str]]] = [  # (title, a line per change or move)
+        ("NEW FAILURES", [f"{c.key}: {_checks(c.checks_after)} ({_outcomes(c)}): {c.verdict}"
+                          for c in diff.new_failures]),
+        ("FIXED", [f"{c.key}: was {_checks(c.checks_before)} ({_outcomes(c)})" for c in diff.fixed]),
+        ("CHANGED FAILED CHECKS", [f"{c.key}: {_checks(c.checks_before)} -> {_checks(c.checks_after)} ({_outcomes(c)})"
+                                   for c in diff.changed_checks]),
+        ("ADDED", [f"{c.key}: {c.after}" for c in diff.added]),
+        ("REMOVED", [f"{c.key}: was {c.before}" for c in diff.removed]),
+        ("METRICS MOVED", [f"{m.key}: {m.metric} {_move(m)}" for m in diff.metrics]),
     ]
-    for title, entries, line in sections:
+    for title, entries in sections:
         if entries:
             lines.append("")
             lines.append(f"{title} ({len(entries)})")
-            lines.extend(f"  {line(entry)}" for entry in entries)
+            lines.extend(f"  {entry}" for entry in entries)
     return "\n".join(lines) + "\n"
 
 
-def _md(text: Any) -> str:
+def _md(text: object) -> str:
     """A table cell: pipes escaped, newlines flattened, code spans for ids."""
     return str(text).replace("|", "\\|").replace("\n", " ")
 

@@ -25,14 +25,13 @@ import zlib
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import jinja2
 import yaml
 
 from harness.report import charts
 from harness.report.timing import replay_by_bucket
-from harness.report.view import (EXPLAINED, FAIL, check_states, feature_label, first_failure,
+from harness.report.view import (EXPLAINED, FAIL, FirstFailure, check_states, feature_label, first_failure,
                                  fixes_off, item_mode)
 
 __all__ = ["render_item", "render_page", "render_fragments", "read_fragments", "row_values", "item_key",
@@ -71,15 +70,15 @@ def _static(name: str) -> str:
 # small helpers
 
 
-def _dict(value: Any) -> Mapping:
+def _dict(value: object) -> Mapping:
     return value if isinstance(value, Mapping) else {}
 
 
-def _list(value: Any) -> list:
+def _list(value: object) -> list:
     return list(value) if isinstance(value, (list, tuple)) else []
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """A value as a cell's text: ``None`` as an em dash, floats short."""
     if value is None:
         return "\u2014"
@@ -88,7 +87,7 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _compact(value: Any, limit: int = 200) -> str:
+def _compact(value: object, limit: int = 200) -> str:
     try:
         text = json.dumps(value, separators=(",", ":"), default=str)
     except (TypeError, ValueError):
@@ -96,11 +95,11 @@ def _compact(value: Any, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
-def _yes_no(value: Any) -> str:
+def _yes_no(value: object) -> str:
     return "yes" if value is True else "no" if value is False else _text(value)
 
 
-def _ints(values: Any) -> list[str]:
+def _ints(values: object) -> list[str]:
     return [_text(v) for v in values] if isinstance(values, (list, tuple)) else [_text(values)]
 
 
@@ -194,7 +193,7 @@ def _format_diff(diff: Mapping) -> str:
     return "\n".join(lines)
 
 
-def _host_lists(executed: Any) -> str:
+def _host_lists(executed: object) -> str:
     return "\n".join(f"layer {layer}: " + "  ".join(f"{k}={_compact(v)}" for k, v in _dict(lists).items())
                      for layer, lists in enumerate(_list(executed)))
 
@@ -323,7 +322,7 @@ def _scenario_yaml(record: Mapping) -> str:
         return json.dumps(scenario, indent=1, default=str)
 
 
-def _evidence(record: Mapping, states: list, first: Any, *, draw: bool, salt: str,
+def _evidence(record: Mapping, states: list, first: FirstFailure | None, *, draw: bool, salt: str,
               summary: bool = False) -> list[dict]:
     """Evidence sections: the first failing check, the other failures, then explained ones."""
     checks = _dict(record.get("checks"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import html as html_escape
 import os
 import threading
-from typing import Any
+from typing import Protocol
 
 import pytest
 
@@ -59,6 +59,12 @@ def report_title(args: list[str], modes: list[str] | None = None, cwd: str | Non
     return f"graph-harness: {shown or 'run'}" + (f" ({', '.join(modes)})" if modes else "")
 
 
+class _Page(Protocol):
+    """pytest-html's page data (``ReportData``, untyped): the title is what the hook sets."""
+
+    title: str
+
+
 def _sort_key(text: str) -> str:
     """A hidden prefix that makes pytest-html's string sort order numbers by value."""
     return f'<span hidden>{int(text):08d}</span>' if text.isdigit() else ""
@@ -95,7 +101,7 @@ class HtmlReport:
                                        for e in extras)
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_html_report_title(self, report: Any) -> None:
+    def pytest_html_report_title(self, report: _Page) -> None:
         report.title = self.title
 
     @pytest.hookimpl(optionalhook=True)
@@ -104,7 +110,7 @@ class HtmlReport:
         cells[2:2] = added  # after Result and Test, before Duration and Links
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_html_results_table_row(self, report: Any, cells: list[str]) -> None:
+    def pytest_html_results_table_row(self, report: pytest.TestReport, cells: list[str]) -> None:
         call = getattr(report, "when", None) == "call"
         values = row_values(report_record(report) if call else None)
         # The key of the item's fragment, read by the page's script when the row is opened.
@@ -119,7 +125,7 @@ class HtmlReport:
         cells[2:2] = added
 
     @pytest.hookimpl(optionalhook=True)
-    def pytest_html_results_table_html(self, report: Any, data: list[str]) -> None:
+    def pytest_html_results_table_html(self, report: pytest.TestReport, data: list[str]) -> None:
         # A passed item's log says nothing (usually "No log output captured"); a skipped
         # scenario item's is its skip reason, which its fragment's verdict says already. Then
         # the row's details are the fragment alone (pytest-html drops an empty log).

@@ -10,7 +10,6 @@ a change of transport touches this module only.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from harness.plain import JsonObject
 from harness.report.results import RECORD_KEY
@@ -18,7 +17,7 @@ from harness.report.results import RECORD_KEY
 __all__ = ["report_record"]
 
 
-def _decode(value: Any) -> JsonObject | None:
+def _decode(value: object) -> JsonObject | None:
     if isinstance(value, dict):
         return value
     if isinstance(value, (str, bytes)):

@@ -25,7 +25,7 @@ import re
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path, PurePath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from harness.graph.record import RunRecord, StepRecord, fia_calls_by_phase
 from harness.plain import JsonObject
@@ -256,7 +256,7 @@ def item_metrics(record: JsonObject) -> JsonObject:
     }
 
 
-def metrics(record: JsonObject) -> list[tuple[str, Any]]:
+def metrics(record: JsonObject) -> list[tuple[str, object]]:
     """Flat per-item metrics for junitxml's ``<properties>`` (one short line each)."""
     numbers = record.get("metrics") or item_metrics(record)
     return [
@@ -289,7 +289,7 @@ def results_text(payload: JsonObject) -> str:
     Compact JSON (no indentation: it was two fifths of the bytes) that stays readable with
     ``grep`` and line-wise diffs: every item record is one line.
     """
-    def dump(value: Any) -> str:
+    def dump(value: object) -> str:
         return json.dumps(value, separators=(",", ":"), default=str)
 
     head = [f"{dump(key)}: {dump(value)}" for key, value in payload.items() if key != "items"]

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Callable, Protocol
 
 from harness.report.html import fixes_sentence
 from harness.report.view import check_states, first_failure, fixes_off
@@ -24,13 +24,17 @@ from harness.report.view import check_states, first_failure, fixes_off
 __all__ = ["FailureRepr", "failure_text", "known_bad_line", "reports_line", "states_line", "summary_line"]
 
 
-def _fix_lines(record: Mapping, path: str | None, locate: Any) -> str:
+#: ``locate(path, field)``: the line of a field in a scenario file, None when it is not written.
+Locate = Callable[[str, str], "int | None"]
+
+
+def _fix_lines(record: Mapping, path: str | None, locate: Locate | None) -> str:
     sentence = fixes_sentence(record)
     if not sentence:
         return ""
     if path and locate is not None:
-        lines = [locate(path, name) for name in fixes_off(record.get("scenario"))]
-        lines = [str(n) for n in lines if n]
+        found = [locate(path, name) for name in fixes_off(record.get("scenario"))]
+        lines = [str(n) for n in found if n]
         if lines:
             sentence += f" (line {', '.join(dict.fromkeys(lines))})"
     return sentence
@@ -58,7 +62,7 @@ def states_line(record: Mapping) -> str:
     return "checks: " + ", ".join(f"{s.name} {s.label}" for s in states) if states else ""
 
 
-def failure_text(record: Mapping, *, where: str, path: str | None = None, locate: Any = None) -> str:
+def failure_text(record: Mapping, *, where: str, path: str | None = None, locate: Locate | None = None) -> str:
     """The failure block of a failed (or known-bad, failed as expected) scenario item.
 
     ``where`` is ``file:line`` of the scenario; ``locate(path, field)`` finds the line of a
@@ -93,6 +97,12 @@ def summary_line(record: Mapping, line: int | None) -> str:
     return f"{where}: {verdict}"
 
 
+class _Lines(Protocol):
+    """What a failure block is written to: pytest's terminal writer (private to pytest)."""
+
+    def line(self, s: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class CrashLine:
     """What pytest reads as a failure's one-line message (``longrepr.reprcrash.message``)."""
@@ -108,7 +118,7 @@ class FailureRepr:
         self.text = text
         self.reprcrash = CrashLine(summary)
 
-    def toterminal(self, tw: Any) -> None:
+    def toterminal(self, tw: _Lines) -> None:
         for line in self.text.splitlines():
             tw.line(line)
 

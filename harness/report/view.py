@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = ["CheckState", "FirstFailure", "check_states", "feature_label", "first_failure",
            "fixes_off", "item_mode", "CHECK_ORDER", "PASS", "FAIL", "NOT_EVALUATED", "EXPLAINED"]
@@ -24,11 +23,11 @@ CHECK_ORDER = ("fia_invariant", "stale_params", "stream_budget", "equality", "di
 PASS, FAIL, NOT_EVALUATED, EXPLAINED = "pass", "fail", "not-evaluated", "explained"
 
 
-def _dict(value: Any) -> Mapping:
+def _dict(value: object) -> Mapping:
     return value if isinstance(value, Mapping) else {}
 
 
-def _list(value: Any) -> list:
+def _list(value: object) -> list:
     return list(value) if isinstance(value, (list, tuple)) else []
 
 
@@ -50,7 +49,7 @@ class FirstFailure:
     check: str
     summary: str
     step: int | None
-    bucket: Any
+    bucket: object  # as the evidence recorded it: shown, never computed with
 
 
 def item_mode(record: Mapping) -> str:
@@ -59,7 +58,7 @@ def item_mode(record: Mapping) -> str:
     return str(mode) if mode else "\u2014"
 
 
-def feature_label(scenario: Any) -> str:
+def feature_label(scenario: object) -> str:
     """The item's feature combination (``sp2+mtp1``), or ``base``: each feature names itself
     (:meth:`harness.features.Feature.label`), in registry order."""
     from harness.features import feature_label as combination
@@ -67,7 +66,7 @@ def feature_label(scenario: Any) -> str:
     return combination(_dict(_dict(scenario).get("features")))
 
 
-def fixes_off(scenario: Any) -> list[str]:
+def fixes_off(scenario: object) -> list[str]:
     """The fix switches the scenario turned off (``fixes.host_param_update``), in file order."""
     return [f"fixes.{name}" for name, on in _dict(_dict(scenario).get("fixes")).items() if on is False]
 
@@ -145,7 +144,7 @@ def check_states(record: Mapping) -> list[CheckState]:
     return states
 
 
-def _bucket_of(name: str, check: Mapping, run: Mapping, step: int | None) -> Any:
+def _bucket_of(name: str, check: Mapping, run: Mapping, step: int | None) -> object:
     details = _dict(check.get("details"))
     evidence = {"fia_invariant": "violations", "stale_params": "stale", "equality": "mismatches"}.get(name)
     for entry in _list(details.get(evidence)) if evidence else []:

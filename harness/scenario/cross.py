@@ -27,11 +27,13 @@ from __future__ import annotations
 import functools
 import itertools
 from collections import Counter
-from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+from typing import Callable, Iterable, Literal, Mapping, Sequence
 
 from allpairspy import AllPairs
 
 from harness.plain import JsonObject, PlainData
+
+from .matrix import AxisValue
 
 Selection = Literal["full", "pairwise"]
 SELECTIONS: tuple[Selection, ...] = ("pairwise", "full")
@@ -45,11 +47,11 @@ Cost = Callable[[JsonObject], float]
 
 
 def select(
-    matrix: Mapping[str, Sequence[Any]],
+    matrix: Mapping[str, Sequence[AxisValue]],
     excludes: Sequence[PlainData] = (),
     *,
     how: Selection = "full",
-    restrict: Mapping[str, Iterable[Any]] | None = None,
+    restrict: Mapping[str, Iterable[AxisValue]] | None = None,
     unsupported: Unsupported | None = None,
     cost: Cost | None = None,
 ) -> list[Index]:
@@ -136,7 +138,7 @@ def _cheapen(rows: list[Index], allowed: Sequence[Sequence[int]], ok: Callable[[
     return kept
 
 
-def runnable(matrix: Mapping[str, Sequence[Any]], idx: Index, excludes: Sequence[PlainData] = (),
+def runnable(matrix: Mapping[str, Sequence[AxisValue]], idx: Index, excludes: Sequence[PlainData] = (),
              unsupported: Unsupported | None = None) -> bool:
     """Whether a point is neither excluded nor unsupported by design."""
     if _excluded(matrix, list(matrix), idx, excludes):
@@ -144,9 +146,9 @@ def runnable(matrix: Mapping[str, Sequence[Any]], idx: Index, excludes: Sequence
     return unsupported is None or unsupported(point_of(matrix, idx)) is None
 
 
-def uncovered_pairs(matrix: Mapping[str, Sequence[Any]], chosen: Iterable[Index],
+def uncovered_pairs(matrix: Mapping[str, Sequence[AxisValue]], chosen: Iterable[Index],
                     excludes: Sequence[PlainData] = (), *,
-                    restrict: Mapping[str, Iterable[Any]] | None = None,
+                    restrict: Mapping[str, Iterable[AxisValue]] | None = None,
                     unsupported: Unsupported | None = None) -> set[tuple[int, int, int, int]]:
     """Pairs ``(axis a, index, axis b, index)`` that some runnable point has but no chosen one.
 
@@ -163,7 +165,7 @@ def uncovered_pairs(matrix: Mapping[str, Sequence[Any]], chosen: Iterable[Index]
     return need
 
 
-def point_of(matrix: Mapping[str, Sequence[Any]], idx: Index) -> JsonObject:
+def point_of(matrix: Mapping[str, Sequence[AxisValue]], idx: Index) -> JsonObject:
     """The nested mapping a point's axis values make (``{"features": {"sp": {"tp": 2}}}``)."""
     out: JsonObject = {}
     for name, index in zip(matrix, idx):
@@ -181,14 +183,15 @@ def point_of(matrix: Mapping[str, Sequence[Any]], idx: Index) -> JsonObject:
     return out
 
 
-def _allowed(name: str, values: Sequence[Any], restrict: Mapping[str, Iterable[Any]] | None) -> list[int]:
+def _allowed(name: str, values: Sequence[AxisValue],
+             restrict: Mapping[str, Iterable[AxisValue]] | None) -> list[int]:
     if not restrict or name not in restrict:
         return list(range(len(values)))
     wanted = list(restrict[name])
     return [i for i, value in enumerate(values) if value in wanted]
 
 
-def _excluded(matrix: Mapping[str, Sequence[Any]], names: Sequence[str], prefix: Index,
+def _excluded(matrix: Mapping[str, Sequence[AxisValue]], names: Sequence[str], prefix: Index,
               excludes: Sequence[PlainData]) -> bool:
     """Whether an exclude entry whose axes all lie in ``prefix`` matches it."""
     values = {name: matrix[name][index] for name, index in zip(names, prefix)}

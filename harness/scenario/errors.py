@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # .points imports this module (SourceLocation): for the annotation only
+    from .points import ScenarioPoint
 
 __all__ = ["ScenarioError", "ScenarioFileError", "SourceLocation", "shorten"]
 
@@ -83,7 +86,7 @@ class ScenarioFileError(ScenarioError):
         self.errors = list(errors)
         # What the rest of the file gives (the loader fills it): the points that validated and
         # those that did once the values the errors name were left out, with the fields each lost.
-        self.points: list[tuple[Any, frozenset[str]]] = []
+        self.points: list[tuple[ScenarioPoint, frozenset[str]]] = []
         first = self.errors[0]
         super().__init__(first.message, path=first.path, line=first.line, field=first.field)
 

@@ -15,7 +15,7 @@ from typing import Any, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from harness.features import all_fix_switches, registry
-from harness.plain import Kwargs
+from harness.plain import Kwargs, Loc
 
 __all__ = ["CORE_FIXES", "build_features_model", "build_fixes_model", "mirrored_by"]
 
@@ -41,8 +41,8 @@ def mirrored_by(path: str) -> str:
     return f"Kept equal to {' and '.join(owners)} (either may be given)." if owners else ""
 
 
-def _issues(error: ValidationError, prefix: tuple[Any, ...]) -> list[tuple[tuple[Any, ...], str]]:
-    out = []
+def _issues(error: ValidationError, prefix: Loc) -> list[tuple[Loc, str]]:
+    out: list[tuple[Loc, str]] = []
     for e in error.errors():
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
@@ -62,7 +62,7 @@ def build_features_model(base: type[BaseModel], consistency_error: type[Exceptio
         def _late_features(self) -> Any:
             """Keys the model was not built with: features registered since (else an error)."""
             now = registry()
-            issues: list[tuple[tuple[Any, ...], str]] = []
+            issues: list[tuple[Loc, str]] = []
             for name, value in list((self.__pydantic_extra__ or {}).items()):
                 if name not in now:
                     issues.append(((name,), f"unknown feature {name!r}; known: {', '.join(sorted(now))}"))
@@ -95,7 +95,7 @@ def build_fixes_model(base: type[BaseModel], consistency_error: type[Exception])
         @model_validator(mode="after")
         def _late_switches(self) -> Any:
             now = all_fix_switches()
-            issues: list[tuple[tuple[Any, ...], str]] = []
+            issues: list[tuple[Loc, str]] = []
             for name, value in (self.__pydantic_extra__ or {}).items():
                 if name not in now:
                     known = ", ".join(sorted([*CORE_FIXES, *now]))

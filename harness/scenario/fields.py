@@ -11,9 +11,10 @@ the offending field. Used from plain Python, the same error reads as one message
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
 
 from . import bounds as L
 from harness.graph.modes import CUDAGraphMode
@@ -34,13 +35,13 @@ NonNegInt = Annotated[int, Field(ge=0)]
 NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 
-def Pos(maximum: int) -> Any:
+def Pos(maximum: int) -> FieldInfo:
     """The bounds ``1..maximum`` of an int (docs/scenarios.md, "Limits"), as annotation
     metadata: ``Annotated[int, Pos(n)]`` (a call is not a type a type checker can read)."""
     return Field(ge=1, le=maximum)
 
 
-def NonNeg(maximum: int) -> Any:
+def NonNeg(maximum: int) -> FieldInfo:
     """The bounds ``0..maximum`` of an int: ``Annotated[int, NonNeg(n)]``."""
     return Field(ge=0, le=maximum)
 

@@ -4,19 +4,20 @@ the file, and usable with ``-k`` (see docs/scenarios.md)."""
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Mapping, Sequence
 
 from harness.plain import PlainData
 
 from .bounds import MAX_NAME_CHARS
 from .fields import Loc
+from .matrix import AxisValue
 from .overrides import _split
 from .schema import Scenario
 
 __all__ = ["render_id", "render_value"]
 
 
-def render_value(value: Any, axis: str = "") -> str:
+def render_value(value: AxisValue, axis: str = "") -> str:
     """Compact, ``-k``-friendly rendering of one axis value (see docs/scenarios.md)."""
     seg = axis.rsplit(".", 1)[-1] if axis else ""
     if isinstance(value, dict) and isinstance(value.get("_id"), str):
@@ -41,7 +42,7 @@ def render_id(axes: PlainData) -> str:
     return "-".join(render_value(v, k) for k, v in axes.items())
 
 
-def _strip_ids(value: Any) -> Any:
+def _strip_ids(value: AxisValue) -> AxisValue:
     if isinstance(value, dict) and "_id" in value:
         return {k: v for k, v in value.items() if k != "_id"}
     return value
@@ -68,10 +69,10 @@ def _unique_ids(ids: list[str]) -> list[str]:
     return out
 
 
-def _validated_value(scenario: Scenario, axis: str, raw: Any) -> Any:
+def _validated_value(scenario: Scenario, axis: str, raw: AxisValue) -> AxisValue:
     """The validated value at ``axis`` if it is a scalar (normalised), else the raw value
     (which keeps an ``_id``)."""
-    cur: Any = scenario
+    cur: object = scenario
     for part in _split(axis):
         cur = getattr(cur, part, None)
     if cur is None or isinstance(cur, (str, int, float, bool)):
@@ -82,7 +83,7 @@ def _validated_value(scenario: Scenario, axis: str, raw: Any) -> Any:
 _ID_CHARS = re.compile(r"[A-Za-z0-9_.+]+")
 
 
-def _id_issues(matrix: Mapping[str, list[Any]] | None) -> list[tuple[Loc, str]]:
+def _id_issues(matrix: Mapping[str, Sequence[AxisValue]] | None) -> list[tuple[Loc, str]]:
     """Explicit ``_id`` values must be usable in a pytest id and ``-k``, and distinct per axis."""
     issues: list[tuple[Loc, str]] = []
     for axis, values in (matrix or {}).items():
@@ -103,7 +104,7 @@ def _id_issues(matrix: Mapping[str, list[Any]] | None) -> list[tuple[Loc, str]]:
     return issues
 
 
-def _keyword_issues(matrix: Mapping[str, list[Any]]) -> list[tuple[Loc, str]]:
+def _keyword_issues(matrix: Mapping[str, Sequence[AxisValue]]) -> list[tuple[Loc, str]]:
     """``-k`` matches substrings: a value id inside another axis's value id (``decode`` inside
     ``FULL_DECODE_ONLY``) would make ``-k decode`` select both. Refused, at the shorter one
     (only names the user chose: strings and ``_id`` values)."""

@@ -22,7 +22,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from pydantic import ValidationError
 
@@ -32,7 +32,7 @@ from .errors import ScenarioError, ScenarioFileError, SourceLocation
 from .fields import _fmt_loc
 from .ids import _id_issues, _keyword_issues, _strip_ids, _unique_ids, _validated_value, render_id, render_value
 from .locate import PointError, _Located, file_error, locate, locate_in_point, point_error
-from .matrix import _MatrixPart, _size_issue, exclude_issues
+from .matrix import AxisValue, _MatrixPart, _size_issue, exclude_issues
 from .messages import _issues
 from .overrides import apply_overrides, parse_override, set_copied
 from .points import ScenarioPoint, modes_of
@@ -62,7 +62,7 @@ _MAX_RAW_ERRORS = 10_000
 
 
 #: Picks the matrix points to expand: ``(matrix, excludes) -> index tuples`` (one index per axis).
-Combinations = Callable[[dict[str, list[Any]], list[JsonObject]], Iterable[tuple[int, ...]]]
+Combinations = Callable[[dict[str, list[AxisValue]], list[JsonObject]], Iterable[tuple[int, ...]]]
 
 
 @dataclass
@@ -71,7 +71,7 @@ class _Matrix:
     matrix part was valid (if not, only the first value of each usable axis is expanded, to
     still report the other errors)."""
 
-    axes: dict[str, list[Any]]
+    axes: dict[str, list[AxisValue]]
     excludes: list[JsonObject]
     ok: bool
 
@@ -181,7 +181,7 @@ def _matrix_part(raw: JsonObject, tree: _Located, path: str, values: int,
                  errors: list[ScenarioError]) -> _Matrix:
     """Validate ``matrix``/``matrix_exclude`` (their schema, axis paths, ids, size), adding
     each problem to ``errors``, and return the matrix to expand."""
-    matrix: dict[str, list[Any]] = {}
+    matrix: dict[str, list[AxisValue]] = {}
     excludes: list[JsonObject] = []
     matrix_ok = True
     try:
@@ -373,7 +373,7 @@ def _with_dispatch_lines(points: list[ScenarioPoint], tree: _Located) -> list[Sc
             if (rows := p.scenario.expect.dispatch) else p for p in points]
 
 
-def _is_extension(key: Any) -> bool:
+def _is_extension(key: object) -> bool:
     return isinstance(key, str) and key.startswith("x-")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 import yaml
 
@@ -58,7 +58,7 @@ class _Located:
                     hit = (k, v)
         return hit
 
-    def walk(self, loc: Iterable[Any], start: yaml.Node | None = None):
+    def walk(self, loc: Iterable[str | int | RawKey], start: yaml.Node | None = None):
         """Follow ``loc`` from ``start`` (default root). Returns ``(node, key_node, matched)``:
         the deepest node reached, the mapping key that led to it (or None) and how many parts
         of ``loc`` were consumed."""

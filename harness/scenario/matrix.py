@@ -10,7 +10,7 @@ functions, so they cannot import it.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Mapping, Union, get_args, get_origin
+from typing import Annotated, Any, Mapping, Sequence, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,7 +19,12 @@ from harness.plain import JsonObject
 from .bounds import MAX_MATRIX_POINTS, MAX_MATRIX_WORK
 from .fields import Loc
 
-__all__ = ["axes_issues", "exclude_issues", "path_issue"]
+__all__ = ["AxisValue", "axes_issues", "exclude_issues", "path_issue"]
+
+#: One value of a matrix axis as the file gives it: whatever YAML holds there (a scalar, a list,
+#: a mapping with an optional ``_id``). The matrix code compares, copies and renders values;
+#: only a point's validation gives one a type.
+AxisValue = object
 
 
 _MATRIX_NOT_AXES = {"matrix", "matrix_exclude", "name"}
@@ -33,7 +38,7 @@ def path_issue(path: str, root: type[BaseModel]) -> str | None:
     parts = path.split(".")
     if parts[0] in _MATRIX_NOT_AXES:
         return f"{parts[0]!r} cannot be a matrix axis"
-    cls: Any = root
+    cls: object = root
     for i, part in enumerate(parts):
         model = _model_of(cls)
         if model is None:
@@ -47,7 +52,7 @@ def path_issue(path: str, root: type[BaseModel]) -> str | None:
     return None
 
 
-def _model_of(tp: Any) -> type[BaseModel] | None:
+def _model_of(tp: object) -> type[BaseModel] | None:
     """The BaseModel inside ``tp`` (plain, Optional[...] or Annotated[...]), else None."""
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return tp
@@ -61,7 +66,8 @@ def _model_of(tp: Any) -> type[BaseModel] | None:
     return None
 
 
-def axes_issues(matrix: dict[str, list[Any]] | None, root: type[BaseModel]) -> list[tuple[Loc, str]]:
+def axes_issues(matrix: Mapping[str, Sequence[AxisValue]] | None,
+                root: type[BaseModel]) -> list[tuple[Loc, str]]:
     """Located problems with the matrix keys (paths into ``root``) and values (relative to
     ``matrix``)."""
     if not matrix:
@@ -72,7 +78,7 @@ def axes_issues(matrix: dict[str, list[Any]] | None, root: type[BaseModel]) -> l
         if why:
             issues.append(((key,), why))
             continue
-        seen: list[Any] = []
+        seen: list[AxisValue] = []
         for i, val in enumerate(values):
             if val in seen:
                 issues.append(((key, i), f"value {val!r} is listed twice for axis {key!r}"))
@@ -86,7 +92,7 @@ def axes_issues(matrix: dict[str, list[Any]] | None, root: type[BaseModel]) -> l
 
 
 def exclude_issues(
-    matrix: dict[str, list[Any]] | None, exclude: list[JsonObject]
+    matrix: Mapping[str, Sequence[AxisValue]] | None, exclude: list[JsonObject]
 ) -> list[tuple[Loc, str]]:
     """Located problems with ``matrix_exclude`` (relative to the scenario root)."""
     issues: list[tuple[Loc, str]] = []
@@ -119,7 +125,7 @@ class _MatrixPart(BaseModel):
     matrix_exclude: list[JsonObject] = Field(default_factory=list)
 
 
-def _size_issue(matrix: Mapping[str, list[Any]] | None, values: int) -> str | None:
+def _size_issue(matrix: Mapping[str, Sequence[AxisValue]] | None, values: int) -> str | None:
     """Refuse a matrix too large to expand before expanding it."""
     if not matrix:
         return None

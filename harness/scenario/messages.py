@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import types
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
@@ -48,12 +48,12 @@ def _issues(exc: ValidationError) -> list[tuple[Loc, str, bool]]:
     return out
 
 
-def _yaml_text(value: Any) -> str:
+def _yaml_text(value: object) -> str:
     """A scalar as YAML writes it (``true``, ``null``)."""
     return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _example(field: str, default: Any, value: Any) -> str:
+def _example(field: str, default: object, value: object) -> str:
     """``, such as {field: x}`` for a scalar written where settings go: the value itself when
     it is of the field's type (``mtp: 2`` -> ``{k: 2}``), else the field's default, else nothing."""
     if not isinstance(default, (bool, int, float, str)):
@@ -62,7 +62,7 @@ def _example(field: str, default: Any, value: Any) -> str:
     return f", such as {{{field}: {_yaml_text(shown)}}}"
 
 
-def _got(value: Any) -> str:
+def _got(value: object) -> str:
     """``, got 2``: the value the file gave, unless it is a whole mapping or list."""
     return "" if isinstance(value, (dict, list)) else f", got {value!r}"
 
@@ -110,7 +110,7 @@ def _plain_message(error: PlainData, loc: Loc) -> str:
     return msg.replace("Input should be", "must be", 1) + _got(value)
 
 
-def _unwrap(tp: Any) -> Any:
+def _unwrap(tp: object) -> object:
     while True:
         origin = get_origin(tp)
         if origin is Annotated:
@@ -124,7 +124,7 @@ def _unwrap(tp: Any) -> Any:
             return tp
 
 
-def _type_at(loc: Loc, tp: Any = Scenario) -> Any:
+def _type_at(loc: Loc, tp: object = Scenario) -> object:
     """The annotation at ``loc`` inside the schema (None if it cannot be followed)."""
     for part in loc:
         tp = _unwrap(tp)

@@ -4,7 +4,6 @@ axis values alike."""
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import yaml
 
@@ -20,7 +19,7 @@ def _split(path: str) -> list[str]:
     return path.split(".")
 
 
-def _set_path(data: dict, path: str, value: Any) -> bool:
+def _set_path(data: dict, path: str, value: object) -> bool:
     """Set ``data[a][b][c] = value`` for ``path == "a.b.c"``, creating missing mappings.
     Returns False (and leaves ``data`` unchanged) if an intermediate value is not a mapping."""
     parts = _split(path)
@@ -54,7 +53,7 @@ def apply_overrides(scenario_dict: PlainData, overrides: PlainData) -> dict:
     return out
 
 
-def parse_override(text: str) -> tuple[str, Any]:
+def parse_override(text: str) -> tuple[str, object]:
     """``"graph.capture_sizes=[1, 2, 4]"`` -> ``("graph.capture_sizes", [1, 2, 4])``; the value
     is parsed as YAML (so ``4`` is an int, ``full`` a string)."""
     key, sep, raw = text.partition("=")
@@ -67,7 +66,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
-def set_copied(data: dict, path: str, value: Any) -> None:
+def set_copied(data: dict, path: str, value: object) -> None:
     """Set ``path`` in ``data`` like :func:`_set_path`, copying (not mutating) every mapping on
     the way, so that ``data`` may share everything else with the file's other points."""
     parts = _split(path)

@@ -5,7 +5,6 @@ problems that only a whole scenario shows (the preflight's)."""
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -47,7 +46,7 @@ def repair_point(data: dict, issues: list[tuple[Loc, str, bool]]) -> tuple[Scena
     return None
 
 
-def _drop(data: Any, loc: Loc) -> bool:
+def _drop(data: object, loc: Loc) -> bool:
     """Remove the value at ``loc`` (the deepest mapping key on the way that exists)."""
     parents: list[tuple[dict, object]] = []
     cur = data

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from .fields import Loc
 from .expect import Expect
-from .sections import GraphSpec, ModelSpec, StepEntry, Workload
+from .sections import Features, Fixes, GraphSpec, ModelSpec, StepEntry, Workload
 from harness.features import registry
 
 __all__ = ["Sections", "scenario_issues"]
@@ -24,8 +24,8 @@ class Sections(Protocol):
     model: ModelSpec
     graph: GraphSpec
     workload: Workload
-    features: Any  # generated from the feature registry (.sections.Features)
-    fixes: Any
+    features: Features  # generated from the feature registry
+    fixes: Fixes
     steps: int
     expect: Expect
 
@@ -52,7 +52,7 @@ def _mirror_issues(scenario: Sections) -> list[tuple[Loc, str]]:
         section = getattr(scenario.features, name, None)
         for path, setting in cls.mirrors.items():
             *parents, leaf = path.split(".")
-            holder: Any = scenario
+            holder: Any = scenario  # walked by getattr down the mirror's dotted path: a section's model
             for part in parents:
                 holder = getattr(holder, part)
             if section is None or holder is None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Mapping, Sequence
 
 from pydantic import Field, field_validator, model_validator
 
@@ -43,7 +43,7 @@ from .fields import (
     _NAME,
     _Base,
 )
-from .matrix import axes_issues, exclude_issues, path_issue
+from .matrix import AxisValue, axes_issues, exclude_issues, path_issue
 from .rules import scenario_issues
 from .sections import (
     EngineSpec,
@@ -186,7 +186,7 @@ def check_matrix_path(path: str) -> str | None:
     return path_issue(path, Scenario)
 
 
-def matrix_issues(matrix: dict[str, list[Any]] | None) -> list[tuple[Loc, str]]:
+def matrix_issues(matrix: Mapping[str, Sequence[AxisValue]] | None) -> list[tuple[Loc, str]]:
     """Located problems with the matrix keys and values (relative to ``matrix``)."""
     return axes_issues(matrix, Scenario)
 

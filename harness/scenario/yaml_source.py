@@ -93,7 +93,7 @@ class Composed:
     """A composed document: the node tree (lines for errors), the data, duplicate keys found."""
 
     root: Node | None
-    data: Any
+    data: object  # what the YAML holds: a reader checks its shape
     duplicates: list[tuple[Loc, int, str]] = field(default_factory=list)
     values: int = 0  # scalars, mappings and sequences, each alias counted as what it expands to
 
@@ -143,7 +143,7 @@ class _Constructor(yaml.constructor.SafeConstructor):
     """PyYAML's safe constructor, with a scalar it cannot read (``2024-02-30``, ``!!int x``)
     reported at its line: PyYAML's own scalar constructors raise plain Python errors there."""
 
-    def construct_object(self, node: Node, deep: bool = False) -> Any:
+    def construct_object(self, node: Node, deep: bool = False) -> object:
         try:
             return super().construct_object(node, deep)
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as error:
@@ -183,7 +183,7 @@ class _Composer:
         self.root: Node | None = None
         self.documents = 0
 
-    def handlers(self) -> dict[type, Callable[[Any], None]]:
+    def handlers(self) -> dict[type, Callable[[Any], None]]:  # Any: each step takes its own event class
         """The step for each kind of event (PyYAML's parsers emit these classes exactly)."""
         return {ev.DocumentStartEvent: self.document_start, ev.AliasEvent: self.alias,
                 ev.ScalarEvent: self.scalar, ev.SequenceStartEvent: self.collection_start,

@@ -85,7 +85,7 @@ class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
-def _load_libc() -> Any:
+def _load_libc() -> Any:  # a CDLL, or None: its callers run only where available() said yes
     if sys.platform != "linux":  # unnamed process-shared semaphores: Linux (macOS has no sem_init)
         return None
     try:
@@ -377,7 +377,7 @@ def _gathered_empty(input: Tensor, group_size: int, group_name: str) -> Tensor:
     return input.new_empty((group_size * input.shape[0], *input.shape[1:]))
 
 
-def _out_meta(*args: Any, out: Tensor) -> Tensor:
+def _out_meta(*args: object, out: Tensor) -> Tensor:
     return out
 
 

@@ -20,7 +20,7 @@ are read into lists, since the emulator keeps host lists, not tensors, in its ta
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
 
@@ -50,14 +50,14 @@ def update_stream(device: EmulatedDevice) -> Stream:
     return stream
 
 
-def broadcast(cpu_update_input: list[dict[str, Any]], num_ops: int) -> list[dict[str, Any]]:
+def broadcast(cpu_update_input: Sequence[Mapping[str, object]], num_ops: int) -> list[Mapping[str, object]]:
     """torch_npu applies a lone dict to every recorded op."""
     if len(cpu_update_input) == 1 and num_ops > 1:
         return [dict(cpu_update_input[0]) for _ in range(num_ops)]
     return list(cpu_update_input)
 
 
-def host_value(func: torch._ops.OpOverload, name: str, value: Any) -> Any:
+def host_value(func: torch._ops.OpOverload, name: str, value: object) -> object:
     """A host (CPU) integer tensor given for an ``int[]``/``SymInt[]`` argument becomes its list."""
     if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or value.dtype.is_floating_point:
         return value

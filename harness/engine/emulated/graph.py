@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Iterator, Mapping, Sequence
 
 import torch
 
@@ -37,7 +37,7 @@ class TaskGroupHandle:
         return [capture.nodes[i] for i in capture.groups[self.group]]  # type: ignore[misc]
 
 
-def bound_arguments(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -> dict[str, Any]:
+def bound_arguments(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -> dict[str, object]:
     names = [a.name for a in func._schema.arguments]
     bound = dict(zip(names, args))
     bound.update(kwargs)
@@ -57,7 +57,7 @@ class NPUGraph:
         self.replays = 0  # replays launched
         # What each replay's task-group ops ran with, by replay number (the latest few):
         # read once the replay has run, it is what the device executed, whatever came after.
-        self.executed: dict[int, list[dict[str, Any]]] = {}
+        self.executed: dict[int, list[dict[str, object]]] = {}
         self.allow_rng = allow_rng
         device.graph_count += 1
         self.name = f"graph#{device.graph_count}"
@@ -176,7 +176,7 @@ class NPUGraph:
     def register_generator_state(self, generator: torch.Generator) -> None:
         rng.register_generator_state(self, generator)
 
-    def update(self, cpu_update_input: list[dict[str, Any]]) -> None:
+    def update(self, cpu_update_input: Sequence[Mapping[str, object]]) -> None:
         """Replace host arguments of the ops recorded by ``auto_dispatch_capture``, in order."""
         capture = self._capture
         if not self._captured or capture is None:
@@ -251,7 +251,7 @@ class TaskUpdateMode(EmulatorDispatchMode):
         self.changes: list[tuple[OpNode, OpArgs, OpKwargs]] = []
 
     def __torch_dispatch__(self, func: torch._ops.OpOverload, types: object, args: OpArgs = (),
-                           kwargs: OpKwargs | None = None) -> Any:
+                           kwargs: OpKwargs | None = None) -> object:
         kwargs = kwargs or {}
         if len(self.changes) >= len(self.expected):
             raise TaskUpdateError(
@@ -283,7 +283,7 @@ class TaskUpdateMode(EmulatorDispatchMode):
             node.args, node.kwargs = args, kwargs
 
 
-def _same_tensor(a: torch.Tensor, b: Any) -> bool:
+def _same_tensor(a: torch.Tensor, b: object) -> bool:
     return (
         isinstance(b, torch.Tensor)
         and a.data_ptr() == b.data_ptr()
@@ -293,7 +293,7 @@ def _same_tensor(a: torch.Tensor, b: Any) -> bool:
     )
 
 
-def _describe(t: Any) -> str:
+def _describe(t: object) -> str:
     if not isinstance(t, torch.Tensor):
         return repr(type(t).__name__)
     return f"{tuple(t.shape)} {t.dtype} @0x{t.data_ptr():x}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from torch.utils._pytree import tree_map
@@ -18,8 +18,12 @@ from torch.utils._pytree import tree_map
 from .pool import nbytes_for
 
 #: An op's positional and keyword arguments as the dispatcher hands them over: any schema's values.
-OpArgs = tuple[Any, ...]
-OpKwargs = dict[str, Any]
+OpArgs = tuple[object, ...]
+OpKwargs = dict[str, object]
+#: The same where the code reads a value as the type the op's schema gives it (``copy_``'s
+#: tensors, ``generator=``): the dispatcher has checked it, and the hot path does not again.
+SchemaArgs = tuple[Any, ...]
+SchemaKwargs = dict[str, Any]
 
 BOOL_INDEX_OPS = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
 
@@ -44,7 +48,7 @@ _KEPT = frozenset({*_IMMUTABLE, torch.Tensor, torch.nn.Parameter, torch.Size})
 _SCALARS = frozenset({int, float, bool})
 
 
-def _flat_scalars(value: list[Any] | OpArgs) -> bool:
+def _flat_scalars(value: Iterable[object]) -> bool:
     return set(map(type, value)) <= _SCALARS
 
 
@@ -72,7 +76,7 @@ def frozen_args(args: OpArgs) -> OpArgs:
     return args
 
 
-def tensors_in(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: object) -> list[torch.Tensor]:
     """The tensors in an op's arguments or results (a plain walk: pytree is slow per op)."""
     if isinstance(value, torch.Tensor):
         return [value]
@@ -81,7 +85,7 @@ def tensors_in(value: Any) -> list[torch.Tensor]:
     return found
 
 
-def _collect(value: Any, found: list[torch.Tensor]) -> None:
+def _collect(value: object, found: list[torch.Tensor]) -> None:
     if isinstance(value, (list, tuple)):
         if _flat_scalars(value):
             return
@@ -96,7 +100,7 @@ def _collect(value: Any, found: list[torch.Tensor]) -> None:
         found.append(value)
 
 
-def _to_meta(value: Any) -> Any:
+def _to_meta(value: object) -> object:
     if isinstance(value, torch.Tensor):
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
     return value
@@ -112,7 +116,7 @@ class TensorSpec:
     nbytes: int
 
 
-def _signature(value: Any) -> Any:
+def _signature(value: object) -> tuple[object, ...]:
     """A hashable key of everything an op's shape inference can read from its arguments.
 
     Tensors contribute their metadata (never their values: an op whose output shape depends on
@@ -131,7 +135,7 @@ def _signature(value: Any) -> Any:
     return (type(value), value)
 
 
-def _spec_of(value: Any) -> Any:
+def _spec_of(value: object) -> object:
     if isinstance(value, torch.Tensor):
         shape, stride = tuple(value.shape), tuple(value.stride())
         return TensorSpec(shape, stride, value.dtype, nbytes_for(shape, stride, value.dtype))
@@ -142,7 +146,8 @@ def _spec_of(value: Any) -> Any:
 
 #: Shape inference results per (op, argument signature), for the whole process: a 40-layer
 #: model issues the same few signatures thousands of times, and inference is pure.
-_INFERRED: dict[Any, Any] = {}
+_InferKey = tuple[torch._ops.OpOverload, tuple[object, ...], tuple[object, ...]]
+_INFERRED: dict[_InferKey, object] = {}
 _INFERRED_MAX = 100_000
 
 
@@ -162,7 +167,7 @@ class OpInfo:
     guarded: bool  # whether Capture._guard has anything to check (host syncs, RNG)
 
 
-OP_INFO: dict[Any, OpInfo] = {}
+OP_INFO: dict[torch._ops.OpOverload, OpInfo] = {}
 
 
 def op_info(func: torch._ops.OpOverload) -> OpInfo:
@@ -188,7 +193,7 @@ def op_info(func: torch._ops.OpOverload) -> OpInfo:
     return info
 
 
-def infer_outputs(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -> Any:
+def infer_outputs(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -> object:
     """The outputs' shapes, strides and dtypes (as :class:`TensorSpec` in the result's structure).
 
     Memoized per signature. On a miss an aten op runs once on its arguments and its values are
@@ -212,7 +217,7 @@ def infer_outputs(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -
     return spec
 
 
-def _collective_shape(func: torch._ops.OpOverload, args: OpArgs) -> Any:
+def _collective_shape(func: torch._ops.OpOverload, args: SchemaArgs) -> object:
     """Outputs of the functional collectives whose rule is plain, without their meta kernels.
 
     Those kernels are Python references that import sympy (about 1 s) in every fresh rank.
@@ -226,7 +231,7 @@ def _collective_shape(func: torch._ops.OpOverload, args: OpArgs) -> Any:
     return None
 
 
-def _run_for_shapes(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -> Any:
+def _run_for_shapes(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -> object:
     if func.namespace == "_c10d_functional" and not kwargs:
         shaped = _collective_shape(func, args)
         if shaped is not None:

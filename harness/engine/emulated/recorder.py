@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal
+from typing import TYPE_CHECKING, Callable, Iterator, Literal
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -47,6 +47,7 @@ from .streams import ExternalEvent, WaitFor
 if TYPE_CHECKING:  # the graph imports this module (and typing.Self is Python 3.11's)
     from typing_extensions import Self
 
+    from ..protocol import ArgumentReader
     from .graph import NPUGraph
 
 NodeKind = Literal["functional", "mutating", "view", "allocation"]
@@ -66,10 +67,10 @@ def register_updatable_op(qualified_name: str) -> None:
 
 #: Ops whose kernel reads values a check wants to know (lengths in device buffers): op name ->
 #: a reader of the op's arguments (by schema name, device data) run as the replay runs the op.
-OBSERVED_OPS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {}
+OBSERVED_OPS: dict[str, ArgumentReader] = {}
 
 
-def register_observed_op(qualified_name: str, reader: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+def register_observed_op(qualified_name: str, reader: ArgumentReader) -> None:
     """Have every replay report what ``reader`` reads off the op's arguments when it runs."""
     OBSERVED_OPS[qualified_name] = reader
 
@@ -78,8 +79,8 @@ def register_observed_op(qualified_name: str, reader: Callable[[dict[str, Any]],
 class OpNode:
     index: int
     func: torch._ops.OpOverload
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
+    args: OpArgs
+    kwargs: OpKwargs
     kind: NodeKind
     outputs: list[torch.Tensor] = field(default_factory=list)
     group: int | None = None
@@ -88,7 +89,7 @@ class OpNode:
     def name(self) -> str:
         return self.func._schema.name + ("." + self.func._overloadname if self.func._overloadname != "default" else "")
 
-    def replace_argument(self, name: str, value: Any) -> None:
+    def replace_argument(self, name: str, value: object) -> None:
         """Replace one argument by its schema name (host values only: used by updates)."""
         for position, arg in enumerate(self.func._schema.arguments):
             if arg.name == name:
@@ -99,13 +100,13 @@ class OpNode:
                 return
         raise KeyError(f"{self.name} has no argument {name!r}")
 
-    def bound(self) -> dict[str, Any]:
+    def bound(self) -> dict[str, object]:
         """The op's arguments by schema name, as the tape holds them now."""
         bound = dict(zip([a.name for a in self.func._schema.arguments], self.args))
         bound.update(self.kwargs)
         return bound
 
-    def host_arguments(self) -> dict[str, Any]:
+    def host_arguments(self) -> dict[str, object]:
         """The op's schema name and its non-tensor arguments by name, as the tape holds them now."""
         return {"op": self.func._schema.name,
                 **{k: v for k, v in self.bound().items() if not isinstance(v, torch.Tensor)}}
@@ -187,7 +188,7 @@ class Capture:
             self.failed = self.failed or error
         raise error
 
-    def record(self, func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -> Any:
+    def record(self, func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs) -> object:
         info = OP_INFO.get(func) or op_info(func)
         call = tensors.unwrap_call(func, args, kwargs)
         if not call.on_device and not call.to_device:
@@ -226,7 +227,7 @@ class Capture:
         self._add(node, info.name)
         return result
 
-    def _on_host(self, func: torch._ops.OpOverload, info: OpInfo, args: OpArgs, kwargs: OpKwargs) -> Any:
+    def _on_host(self, func: torch._ops.OpOverload, info: OpInfo, args: OpArgs, kwargs: OpKwargs) -> object:
         """Host work during a capture: it runs now and is not in the graph (as on a device)."""
         self.host_ops += 1
         if not info.view and not info.allocation:
@@ -248,7 +249,7 @@ class Capture:
             f"captured graph {self.graph_name} has no device work{ran}: its model or inputs are in host memory, "
             "so every replay would launch nothing and hand back what the capture left")
 
-    def _guard(self, info: OpInfo, data_args: list[Any]) -> None:
+    def _guard(self, info: OpInfo, data_args: list[object]) -> None:
         """Host syncs: what a capture must refuse (random ops: :func:`.rng.random_op_generator`)."""
         if info.host_returns:
             self.host_sync(f"{info.name} returns a host value")
@@ -269,7 +270,8 @@ class Capture:
             self.groups[node.group].append(node.index)
         self.nodes.append(node)
 
-    def _aliased_returns(self, func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs, call: Any) -> Any:
+    def _aliased_returns(self, func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs,
+                         call: tensors.Call) -> object:
         """What an in-place or ``out=`` op returns: the caller's own tensors (never run here)."""
         schema = func._schema
         if not schema.returns:  # e.g. FIA .out, reshape_and_cache: nothing to hand back
@@ -287,7 +289,7 @@ class Capture:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _allocate(self, spec: Any) -> Any:
+    def _allocate(self, spec: object) -> object:
         """Pool memory in the structure of ``spec`` (non-tensor outputs are kept as they are)."""
         if type(spec) is TensorSpec:
             data, block = self.pool.allocate(spec.shape, spec.stride, spec.dtype, self.graph_name, spec.nbytes)
@@ -304,7 +306,7 @@ class Capture:
         self._blocks_by_id.clear()
 
 
-def _map_tensors(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+def _map_tensors(value: object, fn: Callable[[torch.Tensor], torch.Tensor]) -> object:
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, (list, tuple)):
@@ -343,11 +345,11 @@ class CaptureMode(EmulatorDispatchMode):
         self.capture = capture
 
     def __torch_dispatch__(self, func: torch._ops.OpOverload, types: object, args: OpArgs = (),
-                           kwargs: OpKwargs | None = None) -> Any:
+                           kwargs: OpKwargs | None = None) -> object:
         return self.capture.record(func, args, kwargs or {})
 
 
-def replay_steps(nodes: list[Node], label: str, executed: list[dict[str, Any]] | None = None) -> Iterator[WaitFor]:
+def replay_steps(nodes: list[Node], label: str, executed: list[dict[str, object]] | None = None) -> Iterator[WaitFor]:
     """The device side of a replay: run the tape, stopping at event waits.
 
     ``executed`` receives, for each op of a task group or of an updatable kind (FIA), the op's

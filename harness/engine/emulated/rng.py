@@ -42,13 +42,13 @@ from __future__ import annotations
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ..errors import CaptureError
-from .opinfo import OpKwargs
+from .opinfo import SchemaKwargs
 
 if TYPE_CHECKING:  # the capture and the graph import this module
     from .graph import NPUGraph
@@ -179,7 +179,7 @@ def register_generator_state(graph: NPUGraph, generator: torch.Generator) -> Non
     _registered.setdefault(graph, []).append(generator)
 
 
-def random_op_generator(capture: Capture, schema_name: str, kwargs: OpKwargs) -> torch.Generator | None:
+def random_op_generator(capture: Capture, schema_name: str, kwargs: SchemaKwargs) -> torch.Generator | None:
     """Vet a random op being captured; return the live generator the replay must draw from.
 
     Raises :class:`CaptureError` (and invalidates the capture) when random ops are not allowed

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, SupportsIndex, cast
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, SupportsIndex, TypeGuard, cast
 
 import torch
 from torch import Tensor
@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # the device imports this module's users
     from .device import EmulatedDevice
     from .pool import Block
     from .streams import Stream
-from .opinfo import OpArgs, OpKwargs, TensorSpec, frozen_args, infer_outputs, op_info
+from .opinfo import OpArgs, OpKwargs, SchemaArgs, SchemaKwargs, TensorSpec, frozen_args, infer_outputs, op_info
 
 DEVICE_TYPE = "npu"
 DEVICE = torch.device(DEVICE_TYPE, 0) if torch._C._get_privateuse1_backend_name() == DEVICE_TYPE else None
@@ -79,7 +79,7 @@ class _OpRule:
     arg_names: tuple[str, ...]
 
 
-_RULES: dict[Any, _OpRule] = {}
+_RULES: dict[torch._ops.OpOverload, _OpRule] = {}
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 
@@ -124,7 +124,7 @@ class DeviceTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func: torch._ops.OpOverload, types: object, args: OpArgs = (),  # type: ignore[override]  # torch's base is a plain function stub
-                           kwargs: OpKwargs | None = None) -> Any:
+                           kwargs: OpKwargs | None = None) -> object:
         return _dispatch(func, args, kwargs)
 
     def data_ptr(self) -> int:
@@ -140,16 +140,16 @@ class DeviceTensor(torch.Tensor):
         _wait_for_current_stream()
         return self._data.tolist()
 
-    def numpy(self, *, force: bool = False) -> Any:
+    def numpy(self, *, force: bool = False) -> NoReturn:
         raise TypeError(f"can't convert {self.device} device type tensor to numpy. "
                         "Use Tensor.cpu() to copy the tensor to host memory first.")
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
+    def __repr__(self, *, tensor_contents: object = None) -> str:  # type: ignore[override]
         _wait_for_current_stream()
         text = repr(self._data)
         return text[:-1] + f", device='{self.device}')" if text.endswith(")") else text
 
-    def __reduce_ex__(self, protocol: SupportsIndex) -> Any:
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Callable[[Tensor], Tensor], tuple[Tensor]]:
         _wait_for_current_stream()
         with _disable_current_modes():
             return (_rebuild, (self._data.clone(),))
@@ -187,7 +187,7 @@ def host_data(tensor: Tensor) -> Tensor:
     return tensor._data if type(tensor) is DeviceTensor else tensor
 
 
-def is_device_tensor(value: Any) -> bool:
+def is_device_tensor(value: object) -> TypeGuard[DeviceTensor]:
     return type(value) is DeviceTensor
 
 
@@ -216,15 +216,15 @@ def _wait_for_current_stream() -> None:
 class Call:
     """One operation's arguments as the device sees them (also read by the recorder)."""
 
-    data_args: list[Any]
-    data_kwargs: dict[str, Any]
+    data_args: list[object]
+    data_kwargs: dict[str, object]
     on_device: bool  # a device tensor is among the arguments
     host: Tensor | None  # the first host tensor of more than one element among them
     to_device: bool | None  # ``device=`` names the device (True), the host (False), or nothing
     to_host: bool  # a copy of device memory to the host (a host read)
 
 
-def _unwrap(values: Any, seen: list[Any]) -> Any:
+def _unwrap(values: Any, seen: list[Any]) -> object:
     """``values`` with device tensors replaced by their data. ``seen[0]`` becomes True at a device
     tensor, ``seen[1]`` is the first host tensor of more than one element (a list or tuple
     argument, such as ``cat``'s, is walked)."""
@@ -246,7 +246,7 @@ def unwrap_call(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs | No
     rule = _RULES.get(func) or _rule(func)
     seen: list[Any] = [False, None]
     data_args = [_unwrap(a, seen) for a in args]
-    data_kwargs = {k: _unwrap(v, seen) for k, v in kwargs.items()} if kwargs else {}
+    data_kwargs: SchemaKwargs = {k: _unwrap(v, seen) for k, v in kwargs.items()} if kwargs else {}  # device=: a Device
     to_device = None
     if "device" in data_kwargs and data_kwargs["device"] is not None:
         to_device = torch.device(data_kwargs["device"]).type == DEVICE_TYPE
@@ -265,7 +265,7 @@ def non_blocking(args: OpArgs, kwargs: OpKwargs | None) -> bool:
     return bool(kwargs and kwargs.get("non_blocking"))
 
 
-def apply_inplace_view(func: torch._ops.OpOverload, args: OpArgs, call: Call) -> Any:
+def apply_inplace_view(func: torch._ops.OpOverload, args: OpArgs, call: Call) -> object:
     """A metadata-only in-place op (``t_``, ``squeeze_``) on a device tensor: applied to its data
     and to the wrapper's own sizes and strides (which are the wrapper's, not its data's)."""
     func(*call.data_args, **call.data_kwargs)
@@ -282,13 +282,13 @@ def _mismatch(rule: _OpRule, args: OpArgs, kwargs: OpKwargs, host: Tensor) -> De
         f"({rule.name}: argument '{where}' is a host tensor of shape {list(host.shape)})")
 
 
-def _holds(value: Any, tensor: Tensor) -> bool:
+def _holds(value: object, tensor: Tensor) -> bool:
     if value is tensor:
         return True
     return isinstance(value, (list, tuple)) and any(v is tensor for v in value)
 
 
-def _dispatch(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs | None) -> Any:
+def _dispatch(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs | None) -> object:
     """Every operation on a device tensor outside a capture: the device's rules, then the work.
 
     The common case (positional device tensors and host scalars, an empty stream, no copy and no
@@ -321,14 +321,14 @@ def _dispatch(func: torch._ops.OpOverload, args: OpArgs, kwargs: OpKwargs | None
     return wrap(result)
 
 
-_NO_KWARGS: dict[str, Any] = {}
+_NO_KWARGS: OpKwargs = {}
 
 
 class _NotPlain(Exception):
     """An argument the short path does not handle: a host tensor, a list of tensors."""
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any) -> object:
     """One argument for the short path: a device tensor's data, a host scalar or list of ints."""
     kind = type(value)
     if kind is DeviceTensor:
@@ -342,7 +342,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _dispatch_call(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | None) -> Any:
+def _dispatch_call(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | None) -> object:
     """The general path: keywords, host tensors, copies, host reads, a stream with queued work."""
     call = unwrap_call(func, args, kwargs)
     if rule.inplace_view:
@@ -365,7 +365,8 @@ def _dispatch_call(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwa
     return _wrap_result(result, rule, args, kwargs, device)
 
 
-def _wrap_result(result: Any, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | None, device: EmulatedDevice | None) -> Any:
+def _wrap_result(result: object, rule: _OpRule, args: OpArgs, kwargs: OpKwargs | None,
+                 device: EmulatedDevice | None) -> object:
     if type(result) is Tensor:
         return _wrap_one(result, 0, rule, args, kwargs, device)
     if isinstance(result, (tuple, list)):
@@ -390,8 +391,8 @@ def _wrap_one(result: Tensor, index: int, rule: _OpRule, args: OpArgs, kwargs: O
     return wrap(result)
 
 
-def _queued(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwargs: OpKwargs, data_args: list[Any],
-            data_kwargs: OpKwargs, stream: Stream, device: EmulatedDevice) -> Any:
+def _queued(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwargs: OpKwargs, data_args: list[object],
+            data_kwargs: OpKwargs, stream: Stream, device: EmulatedDevice) -> object:
     """An operation issued to a stream with queued work: it runs when the stream reaches it.
 
     Its outputs exist at once (a device allocates before it launches); what it reads is read
@@ -423,11 +424,12 @@ def _non_blocking_read(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs,
     return func is torch.ops.aten._to_copy.default and bool(kwargs and kwargs.get("non_blocking"))
 
 
-def _queued_to_host(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kwargs: OpKwargs, call: Call,
+def _queued_to_host(func: torch._ops.OpOverload, rule: _OpRule, args: SchemaArgs, kwargs: OpKwargs, call: Call,
                     stream: Stream, device: EmulatedDevice) -> Tensor:
     """A copy to host memory issued behind queued work: the host tensor exists at once and is
     filled when the stream reaches the copy (read it before then and it holds what was there)."""
-    launch_args, launch_kwargs = frozen_args(tuple(call.data_args)), dict(call.data_kwargs)
+    launch_args: SchemaArgs = frozen_args(tuple(call.data_args))  # copy_(Tensor self, Tensor src, ...)
+    launch_kwargs = dict(call.data_kwargs)
     if rule.name == "aten::copy_":
         out: Tensor = args[0]
         stream.launch_host_fn("aten::copy_ to host (queued)", lambda: out.copy_(launch_args[1]))
@@ -439,7 +441,7 @@ def _queued_to_host(func: torch._ops.OpOverload, rule: _OpRule, args: OpArgs, kw
     return out
 
 
-def _aliased(rule: _OpRule, args: OpArgs, kwargs: OpKwargs) -> Any:
+def _aliased(rule: _OpRule, args: OpArgs, kwargs: OpKwargs) -> object:
     """The caller's tensors that an in-place or ``out=`` operation returns."""
     picked = [kwargs.get(s) if isinstance(s, str) else args[s] for s in rule.aliases if s != -1]
     if not picked:
@@ -447,7 +449,7 @@ def _aliased(rule: _OpRule, args: OpArgs, kwargs: OpKwargs) -> Any:
     return picked[0] if len(picked) == 1 else tuple(picked)
 
 
-def _allocate(spec: Any) -> Any:
+def _allocate(spec: object) -> Any:  # a tensor per TensorSpec: what the op's schema returns
     if type(spec) is TensorSpec:
         return torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype)
     if isinstance(spec, (list, tuple)):
@@ -455,7 +457,7 @@ def _allocate(spec: Any) -> Any:
     return spec
 
 
-def _flat(value: Any) -> list[Tensor]:
+def _flat(value: object) -> list[Tensor]:
     if isinstance(value, Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
@@ -525,11 +527,11 @@ class _BackendModule:
         pass
 
     @staticmethod
-    def get_rng_state(device: Any = None) -> Tensor:
+    def get_rng_state(device: object = None) -> Tensor:
         return torch.get_rng_state()
 
     @staticmethod
-    def set_rng_state(state: Tensor, device: Any = None) -> None:
+    def set_rng_state(state: Tensor, device: object = None) -> None:
         torch.set_rng_state(state)
 
     @staticmethod
