@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         except ScenarioError as error:
             rows.append({"file": str(path), "kind": "refused", "verdict": str(error).splitlines()[0]})
             continue
-        for item_id, point in items:
-            result = run_point(point, backend="emulated")
+        for item_id, point, resolution in items:
+            result = run_point(point, backend="emulated", resolution=resolution)
             rows.append({"file": str(path), "item": item_id, "kind": classify(result.outcome, result.verdict),
                          "verdict": result.verdict, "seconds": round(result.duration, 2)})
         print(f"[{i + 1}/{args.count}] {rows[-1]['kind']}: {path.name}", flush=True)

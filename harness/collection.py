@@ -6,6 +6,10 @@ no mode, and run the preflight that only the harness can do (the feature registr
 model rules, capture sizes a feature leaves empty, the world size). Every problem is a
 :class:`~harness.scenario.ScenarioError` naming the file, the line and the field.
 
+The preflight is the point's resolution (:func:`harness.resolve.resolve_item`), made once: each
+collected item carries it (:class:`CollectedItem`), and the item's run executes it instead of
+resolving the point again.
+
 This sits above :mod:`harness.session` (it needs the preflight, hence torch); the scenario
 package stays pure and imports it only from its command line.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple, Union
 
 from harness.graph.modes import parse_mode
 from harness.plain import JsonObject
@@ -23,7 +28,22 @@ from harness.scenario import (GRAPH_MODES, Scenario, ScenarioError, ScenarioFile
 from harness.scenario.loader import Combinations
 from harness.scenario.yaml_source import compose_text, read_source
 
-__all__ = ["collect_points", "names_a_mode", "parse_modes", "preflight_error", "preflight_point"]
+if TYPE_CHECKING:  # pragma: no cover - harness.resolve imports torch; this module loads it lazily
+    from harness.resolve import ItemProblem, PointSkipped, ResolvedItem
+
+__all__ = ["CollectedItem", "Resolution", "collect_points", "names_a_mode", "parse_modes", "preflight_error",
+           "preflight_point", "resolve_point"]
+
+#: A point resolved at collection: the item its run executes, or why it cannot run.
+Resolution = Union["ResolvedItem", "PointSkipped"]
+
+
+class CollectedItem(NamedTuple):
+    """One item of a file: its id suffix (matrix id, mode), its point, and its resolution."""
+
+    suffix: str
+    point: ScenarioPoint
+    resolution: Resolution
 
 
 def parse_modes(option: str | None) -> list[str] | None:
@@ -64,9 +84,11 @@ def names_a_mode(path: str | Path) -> bool:
 
 
 def collect_points(path: str | Path, modes: list[str] | None = None, combinations: Combinations | None = None,
-                   stack: str | None = None) -> list[tuple[str, ScenarioPoint]]:
-    """``(item id, point)`` for every item of the file: the matrix id, plus the mode when the
-    file names none and ``modes`` expands it; ``combinations`` selects matrix points (see
+                   stack: str | None = None, *, backend: str = "emulated",
+                   fia_contract: str | None = None) -> list[CollectedItem]:
+    """Every item of the file: its id suffix (the matrix id, plus the mode when the file names
+    none and ``modes`` expands it), its point and its resolution for ``backend`` (a resolved
+    name) with ``fia_contract`` (``--fia-contract``); ``combinations`` selects matrix points (see
     :func:`harness.scenario.load_scenario_file`); ``stack`` (``--stack``) is set on every point
     that names no stack of its own.
 
@@ -74,10 +96,12 @@ def collect_points(path: str | Path, modes: list[str] | None = None, combination
     schema's, and the preflight's of every point, including the points that pass the schema
     once the values it refused are left out (a problem that involves such a value is not
     reported: the value is wrong already)."""
+    from harness.resolve import ItemProblem
+
     runs: list[tuple[str | None, JsonObject]] = [(None, {})]
     if modes and not names_a_mode(path):
         runs = [(mode, {"graph.mode": mode}) for mode in modes]
-    items: list[tuple[str, ScenarioPoint]] = []
+    items: list[CollectedItem] = []
     errors: list[ScenarioError] = []
     problems: dict[tuple, tuple[ScenarioError, list[str]]] = {}  # one entry per distinct problem
     for mode, overrides in runs:
@@ -92,13 +116,14 @@ def collect_points(path: str | Path, modes: list[str] | None = None, combination
                 continue
             if stack is not None and point.scenario.stack is None:
                 point = dataclasses.replace(point, scenario=point.scenario.model_copy(update={"stack": stack}))
-            problem = preflight_error(path, point, unreliable=removed)
+            resolution = resolve_point(point, backend, fia_contract=fia_contract)
+            problem = preflight_error(path, point, resolution, unreliable=removed)
             if problem is not None:
                 error, point_id = problem
                 key = (error.line, error.field, error.message)
                 problems.setdefault(key, (error, []))[1].append(point_id)
-            elif not removed and not errors:
-                items.append(("-".join(part for part in (point.id, mode) if part), point))
+            elif not removed and not errors and not isinstance(resolution, ItemProblem):
+                items.append(CollectedItem("-".join(part for part in (point.id, mode) if part), point, resolution))
     for error, point_ids in problems.values():
         named = [i for i in dict.fromkeys(point_ids) if i]
         if named:
@@ -122,24 +147,33 @@ def _section(field: str) -> str:
     return ".".join(parts[:2]) if parts[0] in ("features", "fixes") else parts[0]
 
 
-def preflight_error(path: str | Path, point: ScenarioPoint,
-                    unreliable: frozenset[str] = frozenset()) -> tuple[ScenarioError, str] | None:
-    """A problem only the harness can see, located at the value the user must change, with
-    the point's matrix id; None without one (or when it involves a field in ``unreliable``:
-    values the schema refused, whose defaults stand in)."""
+def resolve_point(point: ScenarioPoint, backend: str = "emulated", *,
+                  fia_contract: str | None = None) -> Resolution | ItemProblem:
+    """The point's resolution, its preflight: the item to run (:class:`ResolvedItem`), why it
+    cannot run (:class:`PointSkipped`: nothing wrong with the file), or what the harness cannot
+    run as written (:class:`ItemProblem`: an error of the file)."""
     from harness.resolve import ItemProblem, PointSkipped, resolve_item
+
+    try:
+        return resolve_item(point.scenario, backend, fia_contract=fia_contract, dispatch_lines=point.dispatch_lines)
+    except (ItemProblem, PointSkipped) as outcome:
+        return outcome
+
+
+def preflight_error(path: str | Path, point: ScenarioPoint, resolution: Resolution | ItemProblem,
+                    unreliable: frozenset[str] = frozenset()) -> tuple[ScenarioError, str] | None:
+    """The problem of the file that the point's ``resolution`` shows, located at the value the
+    user must change, with the point's matrix id; None without one (or when it involves a field
+    in ``unreliable``: values the schema refused, whose defaults stand in)."""
+    from harness.resolve import ItemProblem, ResolvedItem
 
     scenario = point.scenario
     problem: tuple[str, str] | None = None
-    try:
-        item = resolve_item(scenario)  # the point's resolution is its preflight
-    except ItemProblem as error:
-        problem = (error.field, error.message)
-    except PointSkipped:
-        pass  # a point that cannot run is skipped with its reason: nothing wrong with the file
-    else:
-        if scenario.expect.outcome != "skip":  # a point reported as skipped starts no process
-            problem = _dispatch_rank_problem(scenario, item.world_size)
+    if isinstance(resolution, ItemProblem):
+        problem = (resolution.field, resolution.message)
+    elif isinstance(resolution, ResolvedItem) and scenario.expect.outcome != "skip":
+        # a point reported as skipped starts no process
+        problem = _dispatch_rank_problem(scenario, resolution.world_size)
     if not problem:
         return None
     field, message = problem
@@ -166,7 +200,7 @@ def _value_to_change(path: str | Path, point: ScenarioPoint, named: list[str], m
 
 def preflight_point(path: str | Path, point: ScenarioPoint) -> None:
     """Raise the point's preflight problem as a located :class:`ScenarioError`."""
-    problem = preflight_error(path, point)
+    problem = preflight_error(path, point, resolve_point(point))
     if problem is not None:
         error, point_id = problem
         where = f" [matrix point {point_id}]" if point_id else ""

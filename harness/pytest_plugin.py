@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
-from harness.collection import collect_points, parse_modes
+from harness.collection import Resolution, collect_points, parse_modes
 from harness import pytest_matrix
 from harness.plain import JsonObject
 from harness.pytest_terminal import TerminalGlue, scenario_skip_location
 from harness.engine import BACKENDS
+from harness.engine import resolve as resolve_backend
 from harness.report.record import report_record
 from harness.report.results import EVIDENCE_CHOICES, attach_record, item_record, metrics, write_results
 from harness.scenario import GRAPH_MODES, ScenarioError, ScenarioPoint, locate
@@ -178,9 +179,13 @@ class ScenarioFile(pytest.File):
         modes = selected_modes(self.config)
         stack = self.config.getoption("--stack")
         chosen = pytest_matrix.combinations(self.config, self.path, modes, stack)
-        for suffix, point in collect_points(self.path, modes, combinations=chosen, stack=stack):
+        backend = resolve_backend(self.config.getoption("--backend"))
+        for suffix, point, resolution in collect_points(self.path, modes, combinations=chosen, stack=stack,
+                                                         backend=backend,
+                                                         fia_contract=self.config.getoption("--fia-contract")):
             name = f"{point.name}[{suffix}]" if suffix else point.name
-            yield ScenarioItem.from_parent(self, name=name, point=point, **_node_id(self, point.name, suffix))
+            yield ScenarioItem.from_parent(self, name=name, point=point, resolution=resolution,
+                                           **_node_id(self, point.name, suffix))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException]):  # type: ignore[override]
         if isinstance(excinfo.value, ScenarioError):
@@ -203,9 +208,11 @@ class ScenarioFailed(Exception):
 
 
 class ScenarioItem(pytest.Item):
-    def __init__(self, *, point: ScenarioPoint, **kwargs: Any) -> None:  # pytest's from_parent keywords, for Item
+    def __init__(self, *, point: ScenarioPoint, resolution: Resolution,
+                 **kwargs: Any) -> None:  # pytest's from_parent keywords, for Item
         super().__init__(**kwargs)
         self.point = point
+        self.resolution = resolution  # made at collection (the preflight): the run executes it
         scenario = point.scenario
         self.add_marker(scenario.graph.mode.lower())
         from harness.resolve import scenario_features
@@ -228,7 +235,7 @@ class ScenarioItem(pytest.Item):
         backend = self.config.getoption("--backend")
         started = time.time()
         result = run_point(self.point, backend=backend, fia_contract=self.config.getoption("--fia-contract"),
-                           stack=self.config.getoption("--stack"))
+                           stack=self.config.getoption("--stack"), resolution=self.resolution)
         self.record = item_record(result, nodeid=self.nodeid, started=started, root=self.config.rootpath,
                                   evidence=self.config.getoption("--report-evidence"))
         self.user_properties.extend(metrics(self.record))  # junit: the small metrics only

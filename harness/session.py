@@ -21,7 +21,7 @@ from harness.engine import UnsupportedOnBackend, load, resolve
 from harness.executor import execute
 from harness.graph.record import RunRecord
 from harness.plain import JsonObject
-from harness.resolve import ItemProblem, PointSkipped, resolve_item
+from harness.resolve import ItemProblem, PointSkipped, ResolvedItem, resolve_item
 from harness.scenario import Scenario, ScenarioPoint
 from harness.verdict import FAILED, PASSED, SKIPPED, XFAILED, judge
 
@@ -73,10 +73,13 @@ def backend_problem(backend: str) -> str | None:
 
 
 def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str | None = None,
-              stack: str | None = None) -> ItemResult:
+              stack: str | None = None, resolution: ResolvedItem | PointSkipped | None = None) -> ItemResult:
     """Run ``point``; never raises for a scenario's own failure (that is the result).
 
-    ``stack`` is the version profile of a scenario that names none (``--stack``)."""
+    ``stack`` is the version profile of a scenario that names none (``--stack``). ``resolution``
+    is the point's resolution made when it was collected, for this backend and ``fia_contract``
+    (:class:`harness.collection.CollectedItem`): the run executes it and decides nothing again.
+    Without one the point is resolved here (a notebook, ``graph-harness narrow``)."""
     resolved = resolve(backend)
     scenario = point.scenario
     result = ItemResult(point.name, point.id, f"{point.source.path}:{point.source.line}",
@@ -90,8 +93,13 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
         result.outcome, result.verdict = FAILED, f"backend unavailable: {problem}"
         return result
     try:
-        item = resolve_item(scenario, resolved, fia_contract=fia_contract, stack=stack,
-                            dispatch_lines=point.dispatch_lines)
+        item = resolution if resolution is not None else resolve_item(
+            scenario, resolved, fia_contract=fia_contract, stack=stack, dispatch_lines=point.dispatch_lines)
+        if isinstance(item, PointSkipped):  # resolved at collection: the point cannot run
+            result.verdict = item.reason
+            return result
+        if item.backend != resolved:
+            raise ValueError(f"the point was resolved for backend {item.backend!r}, the run is on {resolved!r}")
         result.scenario = item.scenario.model_dump(mode="json")
         result.checks, result.record = execute(item)
         result.outcome, result.verdict = judge(scenario.expect, result.checks, result.record)

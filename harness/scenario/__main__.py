@@ -101,7 +101,7 @@ def run_check(paths: list[str], *, mode: str | None = None, items: bool = False)
             continue
         total += len(points)
         if items:
-            for suffix, p in points:
+            for suffix, p, _ in points:
                 name = f"{p.name}[{suffix}]" if suffix else p.name
                 print(f"{p.source}: {name} ({p.scenario.graph.mode})")
     valid = len(files) - bad_files

@@ -28,7 +28,7 @@ NOT_EVALUATED = {  # item -> the checks that looked at nothing
 
 
 def _record(path: str, mode: str) -> dict:
-    points = [p for suffix, p in collect_points(ROOT / "scenarios" / path) if p.scenario.graph.mode == mode]
+    points = [p for suffix, p, _ in collect_points(ROOT / "scenarios" / path) if p.scenario.graph.mode == mode]
     return item_record(run_point(points[0]), {"torch": "x"})
 
 

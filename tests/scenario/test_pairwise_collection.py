@@ -47,8 +47,8 @@ def test_a_point_is_judged_with_the_file_s_own_fields(tmp_path: Path) -> None:
     path = _file(tmp_path, "features: {dp: {size: 2}}\nmatrix:\n  features.dp.batches: [equal, idle]\n"
                            "  model.seed: [0, 1]\n")
     items = _collect(path)
-    assert sorted({p.scenario.features.dp.batches for _, p in items}) == ["equal", "idle"]
-    assert all(p.scenario.features.dp.size == 2 for _, p in items)
+    assert sorted({item.point.scenario.features.dp.batches for item in items}) == ["equal", "idle"]
+    assert all(item.point.scenario.features.dp.size == 2 for item in items)
 
 
 @pytest.mark.parametrize("axis", [
@@ -77,4 +77,4 @@ def test_an_axis_value_the_schema_refuses_is_its_located_error(tmp_path: Path, a
 def test_a_run_whose_modes_leave_no_value_of_the_mode_axis_has_no_item_of_the_file(tmp_path: Path) -> None:
     path = _file(tmp_path, "matrix:\n  graph.mode: [FULL, NONE]\n  model.seed: [0, 1]\n")
     assert _collect(path, modes=["PIECEWISE"]) == []
-    assert {p.scenario.graph.mode for _, p in _collect(path, modes=["FULL"])} == {"FULL"}
+    assert {item.point.scenario.graph.mode for item in _collect(path, modes=["FULL"])} == {"FULL"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from harness.checks import CheckResult
@@ -151,3 +153,27 @@ def test_the_cyclic_collector_is_paused_while_a_pipeline_runs_and_back_after(mon
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_the_run_executes_the_resolution_made_at_collection(tmp_path, monkeypatch):
+    """The preflight is the item's resolution, made once: collection keeps it on the item and the
+    run reads it (resolving again would be a second, possibly different, decision)."""
+    import harness.session
+    from harness.collection import collect_points
+    from harness.resolve import PointSkipped, ResolvedItem
+
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO)
+    ((suffix, point, resolution),) = collect_points(path, backend="emulated", fia_contract="relaxed")
+    assert isinstance(resolution, ResolvedItem) and resolution.scenario.fia_contract == "relaxed"
+
+    def resolve_again(*args, **kwargs):
+        raise AssertionError("the point was resolved a second time")
+
+    monkeypatch.setattr(harness.session, "resolve_item", resolve_again)
+    result = run_point(point, backend="emulated", resolution=resolution)
+    assert result.outcome == PASSED and result.scenario["fia_contract"] == "relaxed"
+    skipped = run_point(point, backend="emulated", resolution=PointSkipped("decided at collection"))
+    assert (skipped.outcome, skipped.verdict) == ("skipped", "decided at collection")
+    wrong = run_point(point, backend="emulated", resolution=dataclasses.replace(resolution, backend="cuda"))
+    assert wrong.outcome == FAILED and "resolved for backend 'cuda'" in wrong.verdict
