@@ -215,13 +215,7 @@ class ScenarioItem(pytest.Item):
         self.resolution = resolution  # made at collection (the preflight): the run executes it
         scenario = point.scenario
         self.add_marker(scenario.graph.mode.lower())
-        from harness.resolve import scenario_features
-
-        try:
-            active = scenario_features(scenario)
-        except ValueError:  # an unknown feature: preflight has reported it already
-            active = []
-        for feature in active:
+        for feature in resolution.features:  # the enabled features, resolved (a skipped point's too)
             if feature.marker:
                 self.add_marker(feature.name)
         if scenario.expect.outcome == "fail":

@@ -38,11 +38,19 @@ __all__ = ["ItemProblem", "PointSkipped", "ResolvedItem", "refused_at_start_up",
 class PointSkipped(Exception):
     """A point that cannot run (not a bad file): the real engine refuses to start with it, the
     harness does not model it, or this backend lacks what it needs. The item is skipped with
-    its ``reason``."""
+    its ``reason``; ``features`` are the point's enabled features where the resolution got that
+    far (its pytest markers)."""
+
+    def __init__(self, reason: str, features: Sequence[Feature] = ()) -> None:
+        super().__init__(reason, tuple(features))
 
     @property
     def reason(self) -> str:
         return str(self.args[0])
+
+    @property
+    def features(self) -> tuple[Feature, ...]:
+        return tuple(self.args[1])
 
 
 class ItemProblem(ValueError):
@@ -179,9 +187,9 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
                         task_updates=capabilities.task_updates, metadata=g.attention_metadata,
                         splitting_ops_contain_attention=g.compilation_mode == "VLLM_COMPILE")
     except EngineRefusal as refusal:
-        raise PointSkipped(skip or REFUSED.format(stack=stack_profile.name, why=refusal)) from None
+        raise PointSkipped(skip or REFUSED.format(stack=stack_profile.name, why=refusal), needs.features) from None
     except AttentionPathUnavailable as unavailable:
-        raise PointSkipped(skip or f"unsupported on {backend}: {unavailable}") from None
+        raise PointSkipped(skip or f"unsupported on {backend}: {unavailable}", needs.features) from None
     graph = replace(graph, requested=startup.requested, warnings=startup.notes + graph.warnings)
     try:
         sizes = resolve_sizes(max_num_seqs=g.max_num_seqs, platform=g.platform, num_speculative_tokens=q - 1,
@@ -193,7 +201,7 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
                               capture_max_num_seqs=stack_profile.capture_max_num_seqs,
                               mixed_graphs=graph.mixed_graphs, max_model_len=model.max_model_len)
     except EngineRefusal as refusal:
-        raise PointSkipped(skip or REFUSED.format(stack=stack_profile.name, why=refusal)) from None
+        raise PointSkipped(skip or REFUSED.format(stack=stack_profile.name, why=refusal), needs.features) from None
     except ValueError as error:
         field = "graph.max_capture_size" if "max_cudagraph_capture_size" in str(error) else "graph.capture_sizes"
         raise ItemProblem(field, str(error)) from None
@@ -201,7 +209,7 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
         skip = ("graph.async_scheduling with speculative decoding: the harness does not model it (the drafter's "
                 "inputs would come from unread accepted tokens)")
     if skip:
-        raise PointSkipped(skip)
+        raise PointSkipped(skip, needs.features)
     policy = engine.budget_policy or stack_profile.budget_policy
     # what vLLM Ascend's legacy formula reads from a deployment (features add theirs)
     legacy = dict(num_layers=m.layers, mode=graph.mode, hccl_mode=engine.hccl_mode,
@@ -209,7 +217,7 @@ def resolve_item(scenario: Scenario, backend: str = "emulated", *, fia_contract:
     try:
         budget = stream_budget(policy, sizes.sizes, **legacy)
     except EngineRefusal as refusal:  # v0.18.0's update_aclgraph_sizes crashes when it keeps one size
-        raise PointSkipped(REFUSED.format(stack=stack_profile.name, why=refusal)) from None
+        raise PointSkipped(REFUSED.format(stack=stack_profile.name, why=refusal), needs.features) from None
     if needs.world_size > MAX_WORLD_SIZE:
         raise ItemProblem("features", f"the features need {needs.world_size} ranks (one process each), above the "
                                       f"maximum world size of {MAX_WORLD_SIZE}")

@@ -177,3 +177,15 @@ def test_the_run_executes_the_resolution_made_at_collection(tmp_path, monkeypatc
     assert (skipped.outcome, skipped.verdict) == ("skipped", "decided at collection")
     wrong = run_point(point, backend="emulated", resolution=dataclasses.replace(resolution, backend="cuda"))
     assert wrong.outcome == FAILED and "resolved for backend 'cuda'" in wrong.verdict
+
+
+def test_a_point_that_cannot_run_keeps_its_features_for_its_markers():
+    """The engine refuses SP tp=2 with MTP k=2 (no capture size is a multiple of 3 and 2): the
+    item is skipped, and still marked sp and mtp (``-m sp`` selects it, as before it resolved)."""
+    from harness.collection import resolve_point
+    from harness.resolve import PointSkipped
+
+    (point,) = load_scenario_text(TP2.replace("mtp: {k: 1}", "mtp: {k: 2}").replace("name: tp2", "name: refused"))
+    skipped = resolve_point(point)
+    assert isinstance(skipped, PointSkipped) and "multiple of 3" in skipped.reason
+    assert [f.name for f in skipped.features] == ["sp", "mtp"]
