@@ -1,5 +1,6 @@
 """The type check runs with the suite: mypy over ``harness/`` with the project's config
-(``[tool.mypy]`` in pyproject.toml: strict on the engine and the checks), so a seam that drifts
+(``[tool.mypy]`` in pyproject.toml: strict on the engine, the ops, the model, the pipeline, the
+features, the checks and an item's path from resolution to verdict), so a seam that drifts
 from its protocol fails ``make test`` on a fresh clone, not only in an editor."""
 
 from __future__ import annotations

@@ -74,8 +74,9 @@ Attend = Callable[[int, Tensor, Tensor, Tensor], Tensor]
 HostList = Union[Sequence[int], Tensor]
 
 # The fused kernels (harness.model.kernels): one op each, so one node per call in a graph.
-_ROW_LINEAR = torch.ops.harness.row_linear.default
-_RMS_NORM = torch.ops.harness.rms_norm.default
+# the ops' schemas: row_linear(Tensor x, Tensor weight) -> Tensor, rms_norm(Tensor x, Tensor weight, float eps) -> Tensor
+_ROW_LINEAR: Callable[[Tensor, Tensor], Tensor] = torch.ops.harness.row_linear.default
+_RMS_NORM: Callable[[Tensor, Tensor, float], Tensor] = torch.ops.harness.rms_norm.default
 _SILU_AND_MUL = torch.ops.harness.silu_and_mul.default
 
 
@@ -172,7 +173,8 @@ class DecoderLayer(nn.Module):
         """
         x = self._gather(self.input_norm(residual))
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        qkv: tuple[Tensor, ...] = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)  # torch's split is untyped
+        q, k, v = qkv
         kv_cache.write(self.index, k.view(t, self.num_kv_heads, self.head_dim),
                        v.view(t, self.num_kv_heads, self.head_dim), slot_mapping)
         return q.view(t, self.num_heads, self.head_dim)

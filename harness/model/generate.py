@@ -64,7 +64,7 @@ def generate_greedy(
             alloc.block_table([req_id], max_blocks, device=device),
             fia=fia,
         )
-        logits = model(
+        logits: Tensor = model(
             torch.tensor(new_tokens, dtype=torch.int64, device=device),
             torch.tensor(positions, dtype=torch.int64, device=device),
             torch.tensor(alloc.slots(req_id, positions), dtype=torch.int64, device=device),

@@ -25,7 +25,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, Union
 
 import torch
 from torch import Tensor
@@ -49,14 +49,19 @@ if TYPE_CHECKING:  # the type only: harness.ops imports no backend
 
     from harness.engine.protocol import Engine
 
-NativeFn = Callable[..., Any]
+#: torch_npu's kernels, by what they return: the functional FIA's (attention_out, softmax_lse),
+#: nothing for ``.out`` (it writes its ``out=``), and a workspace tensor.
+NativeFia = Callable[..., tuple[Tensor, Tensor]]
+NativeFiaOut = Callable[..., object]
+NativeWorkspace = Callable[..., Tensor]
+NativeFn = Union[NativeFia, NativeFiaOut, NativeWorkspace]
 
 
 @dataclass(frozen=True)
 class _NativeImpl:
-    functional: NativeFn | None = None
-    out: NativeFn | None = None
-    workspace: NativeFn | None = None
+    functional: NativeFia | None = None
+    out: NativeFiaOut | None = None
+    workspace: NativeWorkspace | None = None
 
 
 # A process-wide backend choice (like torch's own backend registry), not per-test state:
@@ -65,9 +70,9 @@ _native = _NativeImpl()
 
 
 def set_native_impl(
-    fn_functional: NativeFn | None,
-    fn_out: NativeFn | None,
-    fn_workspace: NativeFn | None = None,
+    fn_functional: NativeFia | None,
+    fn_out: NativeFiaOut | None,
+    fn_workspace: NativeWorkspace | None = None,
 ) -> None:
     """Route the wrappers to a native op (e.g. torch_npu's); ``None`` restores the reference.
 
@@ -80,7 +85,7 @@ def set_native_impl(
     _native = _NativeImpl(fn_functional, fn_out, fn_workspace)
 
 
-def get_native_impl() -> tuple[NativeFn | None, NativeFn | None, NativeFn | None]:
+def get_native_impl() -> tuple[NativeFia | None, NativeFiaOut | None, NativeWorkspace | None]:
     """The installed ``(fn_functional, fn_out, fn_workspace)``; all ``None`` for the reference."""
     return _native.functional, _native.out, _native.workspace
 
@@ -271,7 +276,8 @@ def npu_fused_infer_attention_score(
         kwargs = kw.as_kwargs(actual_seq_lengths=q, actual_seq_lengths_kv=kv)
         if _native.functional is not None:
             return _native.functional(query, key, value, **kwargs)
-        return torch.ops.harness.npu_fused_infer_attention_score(query, key, value, **kwargs)
+        attended: tuple[Tensor, Tensor] = torch.ops.harness.npu_fused_infer_attention_score(query, key, value, **kwargs)
+        return attended
 
 
 def npu_fused_infer_attention_score_out(
@@ -386,8 +392,9 @@ def fia_device_metadata(
     observed = _Observed("device_metadata", T, (), (), max_num_reqs, name, ok, ok)
     with observed:
         host_checks()
-        return torch.ops.harness.fia_device_metadata(
+        attended: tuple[Tensor, Tensor] = torch.ops.harness.fia_device_metadata(
             query, key, value, query_start_loc, seq_lens_kv, block_table,
             block_size=block_size, num_heads=num_heads, num_key_value_heads=num_key_value_heads,
             scale=scale, max_num_reqs=max_num_reqs, sparse_mode=sparse_mode,
         )
+        return attended

@@ -63,6 +63,7 @@ from harness.ops.reference import (
     as_4d_paged_cache,
     dense_bnsd_attention_into,
     paged_attention_from_device_bounds,
+    Span,
     paged_attention_into,
     spans_from_host_lists,
     spans_from_query_start_loc,
@@ -125,7 +126,7 @@ def _host_list_spans(
     actual_seq_lengths_kv: Sequence[int] | None,
     block_table: Tensor | None,
     block_size: int,
-):
+) -> list[Span]:
     """Validate the host lists against the buffers they index and turn them into spans."""
     if actual_seq_lengths is None or actual_seq_lengths_kv is None or block_table is None:
         raise RuntimeError(
@@ -251,7 +252,7 @@ def _device_spans(
     block_table: Tensor,
     block_size: int,
     max_num_reqs: int,
-):
+) -> list[Span]:
     """Read the device-side bounds (as a GPU kernel prologue would) and guard them."""
     starts = [int(x) for x in query_start_loc[: max_num_reqs + 1].tolist()]
     kv = [int(x) for x in seq_lens_kv[:max_num_reqs].tolist()]

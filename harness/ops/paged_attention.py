@@ -126,15 +126,17 @@ def _attend(query: Tensor, key_cache: Tensor, value_cache: Tensor, block_table: 
                          scale=scale_value, causal=False, out=out, lse=None)
 
 
-def _host_kernel(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value, block_table,
-                 context_lens, out, *, workspace=None) -> None:
+def _host_kernel(query: Tensor, key_cache: Tensor, value_cache: Tensor, num_kv_heads: int, num_heads: int,
+                 scale_value: float, block_table: Tensor, context_lens: Sequence[int], out: Tensor, *,
+                 workspace: Tensor | None = None) -> None:
     _raise_in_kernel(paged_attention_violation(query.shape, key_cache.shape, value_cache.shape, block_table.shape,
                                                out.shape, num_kv_heads, num_heads, list(context_lens)))
     _attend(query, key_cache, value_cache, block_table, list(context_lens), scale_value, out)
 
 
-def _device_kernel(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value, block_table,
-                   context_lens, out, *, workspace=None) -> None:
+def _device_kernel(query: Tensor, key_cache: Tensor, value_cache: Tensor, num_kv_heads: int, num_heads: int,
+                   scale_value: float, block_table: Tensor, context_lens: Tensor, out: Tensor, *,
+                   workspace: Tensor | None = None) -> None:
     # Read when the kernel RUNS (a replay reads the tensor's current contents).
     lengths = [int(x) for x in context_lens[: query.shape[0]].tolist()]
     _raise_in_kernel(paged_attention_violation(query.shape, key_cache.shape, value_cache.shape, block_table.shape,
@@ -142,14 +144,16 @@ def _device_kernel(query, key_cache, value_cache, num_kv_heads, num_heads, scale
     _attend(query, key_cache, value_cache, block_table, lengths, scale_value, out)
 
 
-def _host_fake(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value, block_table,
-               context_lens, out, *, workspace=None) -> None:
+def _host_fake(query: Tensor, key_cache: Tensor, value_cache: Tensor, num_kv_heads: int, num_heads: int,
+               scale_value: float, block_table: Tensor, context_lens: Sequence[int], out: Tensor, *,
+               workspace: Tensor | None = None) -> None:
     _raise_in_kernel(paged_attention_violation(query.shape, key_cache.shape, value_cache.shape, block_table.shape,
                                                out.shape, num_kv_heads, num_heads, list(context_lens)))
 
 
-def _device_fake(query, key_cache, value_cache, num_kv_heads, num_heads, scale_value, block_table,
-                 context_lens, out, *, workspace=None) -> None:
+def _device_fake(query: Tensor, key_cache: Tensor, value_cache: Tensor, num_kv_heads: int, num_heads: int,
+                 scale_value: float, block_table: Tensor, context_lens: Tensor, out: Tensor, *,
+                 workspace: Tensor | None = None) -> None:
     _raise_in_kernel(paged_attention_violation(query.shape, key_cache.shape, value_cache.shape, block_table.shape,
                                                out.shape, num_kv_heads, num_heads, None))
 
@@ -255,5 +259,6 @@ def paged_attention_get_workspace(query: Tensor, **kwargs: object) -> Tensor:
     scratch, so it returns a small uint8 buffer; the native function is used when installed.
     """
     if _native["workspace"] is not None:
-        return _native["workspace"](query=query, **kwargs)
+        workspace: Tensor = _native["workspace"](query=query, **kwargs)
+        return workspace
     return torch.empty(64, dtype=torch.uint8, device=query.device)
