@@ -157,7 +157,7 @@ def resolve_point(point: ScenarioPoint, backend: str = "emulated", *,
     try:
         return resolve_item(point.scenario, backend, fia_contract=fia_contract, dispatch_lines=point.dispatch_lines)
     except (ItemProblem, PointSkipped) as outcome:
-        return outcome
+        return outcome.with_traceback(None)  # kept on the item: without the resolution's frames
 
 
 def preflight_error(path: str | Path, point: ScenarioPoint, resolution: Resolution | ItemProblem,
