@@ -95,9 +95,8 @@ def run_point(point: ScenarioPoint, *, backend: str = "auto", fia_contract: str 
     try:
         item = resolution if resolution is not None else resolve_item(
             scenario, resolved, fia_contract=fia_contract, stack=stack, dispatch_lines=point.dispatch_lines)
-        if isinstance(item, PointSkipped):  # resolved at collection: the point cannot run
-            result.verdict = item.reason
-            return result
+        if isinstance(item, PointSkipped):  # resolved at collection: the same skip as resolving here
+            raise item
         if item.backend != resolved:
             raise ValueError(f"the point was resolved for backend {item.backend!r}, the run is on {resolved!r}")
         result.scenario = item.scenario.model_dump(mode="json")

@@ -63,8 +63,6 @@ checked at collection: harness.scenario.bounds.MAX_WORLD_SIZE)."""
 MAX_DRAFT_TOKENS = 16
 """Speculative tokens per step (harness.scenario.bounds.MAX_SPEC_TOKENS)."""
 
-"""A location in a scenario, from its root: ``("workload", "requests", 0, "prompt_len")``."""
-
 
 class FeatureSettings(BaseModel):
     """Base of every feature's settings: strict, unknown keys rejected (a typo is an error)."""
