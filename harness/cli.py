@@ -5,6 +5,8 @@
     graph-harness diff BASELINE CURRENT       what changed between two results files
     graph-harness verdicts A.json B.json      two backends' verdicts on the same items, item by item
     graph-harness narrow FILE.yaml::ITEM      the smallest scenario that still fails
+    graph-harness durations RESULTS.json...   pytest-split's durations file from results files
+    graph-harness merge SHARD.json... -o OUT  one results file (and --html page) from a split run's groups
 
 The scenario suite itself runs under pytest (``pytest scenarios/``); these tools read and
 write the same files. Subcommands import what they need when they run, so ``--help`` and
@@ -76,6 +78,51 @@ def _write(command: str, text: str, output: str | None) -> bool:
     return True
 
 
+def _durations(args: argparse.Namespace) -> int:
+    from harness.report.diff import ResultsFileError, load_results
+    from harness.report.durations import durations, durations_text
+
+    try:
+        table = durations(load_results(path) for path in args.results)
+    except ResultsFileError as error:
+        print(f"graph-harness durations: {error}", file=sys.stderr)
+        return 2
+    return 0 if _write("durations", durations_text(table), args.output) else 2
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from harness.report.merge import MergeError, merge_files
+    from harness.report.results import write_results
+
+    try:
+        run, records = merge_files(args.results)
+    except MergeError as error:
+        for problem in error.problems:
+            print(f"graph-harness merge: {problem}", file=sys.stderr)
+        return 2
+    try:
+        write_results(Path(args.output), records, run)
+    except OSError as error:
+        print(f"graph-harness merge: cannot write {args.output}: {error.strerror or error}", file=sys.stderr)
+        return 2
+    groups = run.get("groups") or []
+    print(f"graph-harness merge: {len(records)} items from {len(groups)} results files -> {args.output}")
+    for group in groups:
+        print(f"  group {group.get('group', '-')}: {group.get('items')} items, {group.get('duration')} s "
+              f"({group.get('path')})")
+    if args.html or args.junitxml:
+        from harness.report.replay import rebuild_reports
+
+        status = rebuild_reports(Path(args.output), html=args.html, junitxml=args.junitxml)
+        if status != 0:
+            print(f"graph-harness merge: writing the reports failed (pytest exit {status})", file=sys.stderr)
+            return 2
+        for kind, path in (("HTML", args.html), ("junit", args.junitxml)):
+            if path:
+                print(f"  {kind}: {path}")
+    return 0
+
+
 def _narrow(args: argparse.Namespace) -> int:
     from harness.narrow import NarrowError, default_runner, find_point, narrow, render_report, split_target, write_minimal
 
@@ -143,6 +190,27 @@ def build_parser() -> argparse.ArgumentParser:
                           help="text (default: every item) or markdown (the differences: a CI step summary)")
     verdicts.add_argument("--output", "-o", metavar="PATH", help="write here instead of standard output")
     verdicts.set_defaults(run=_verdicts)
+
+    durations = commands.add_parser(
+        "durations", help="pytest-split's durations file (node id -> rank-seconds) from results files",
+        description="Write pytest-split's durations file (.test_durations) from results files (--results-json): "
+                    "each item's wall time times its world size, so a multi-rank item counts its ranks. "
+                    "A later file's figure wins for an item in several. Exit 2 when a file cannot be read.")
+    durations.add_argument("results", nargs="+", metavar="RESULTS.json")
+    durations.add_argument("--output", "-o", metavar="PATH", help="write here instead of standard output")
+    durations.set_defaults(run=_durations)
+
+    merge = commands.add_parser(
+        "merge", help="one results file (and HTML page) from the groups of a split run (--splits/--group)",
+        description="Merge the results files of a split run's groups (pytest --splits N --group i) into one "
+                    "results file, and with --html one HTML report (the page of an unsplit run). Refuses "
+                    "groups of different commits, options, stacks or item sets, a missing or doubled group, "
+                    "and any item missing or in two groups, naming each. Exit 2 on any of those.")
+    merge.add_argument("results", nargs="+", metavar="SHARD.json")
+    merge.add_argument("--output", "-o", required=True, metavar="PATH", help="the merged results file")
+    merge.add_argument("--html", metavar="PATH", help="also write the HTML report of the merged run")
+    merge.add_argument("--junitxml", metavar="PATH", help="also write a junit XML file of the merged run")
+    merge.set_defaults(run=_merge)
 
     narrow = commands.add_parser(
         "narrow", help="delta-debug a failing item down to the smallest scenario that fails the same check",

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from harness.collection import Resolution, collect_points, parse_modes
-from harness import pytest_matrix
+from harness import pytest_groups, pytest_matrix
 from harness.plain import JsonObject
 from harness.pytest_terminal import TerminalGlue, scenario_skip_location
 from harness.engine import BACKENDS
@@ -34,10 +34,12 @@ SCENARIO_FILES_INI = "scenario_files"
 DEFAULT_SCENARIO_FILES = ["scenarios/*.yaml", "scenarios/*.yml"]
 _results_key = pytest.StashKey[list]()
 _report_errors_key = pytest.StashKey[list]()
+_title_key = pytest.StashKey[str]()
 DEFAULT_RESULTS_JSON = os.path.join("reports", "graph-harness-results.json")
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    pytest_groups.register(pluginmanager, lambda item: isinstance(item, ScenarioItem))
     group = parser.getgroup("graph-harness", "graph-mode scenarios")
     group.addoption("--mode", default=None,
                     help=f"graph mode(s) to run, comma separated ({', '.join(GRAPH_MODES)}); intersects "
@@ -56,6 +58,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help=f"the release every scenario that names no `stack:` models (default {DEFAULT_STACK}, "
                          "the newest); a scenario's own stack is kept: its expect was written for it")
     pytest_matrix.add_options(group)
+    group.addoption("--replay-results", default=None, metavar="PATH",
+                    help="run no scenario: rebuild the reports (--html, --junitxml) of the results file at PATH "
+                         "(what graph-harness merge does for the groups of a split run)")
     parser.addini(SCENARIO_FILES_INI, type="args", default=DEFAULT_SCENARIO_FILES,
                   help="glob patterns of the YAML files collected as scenarios when a directory is "
                        "walked (a file named on the command line always is); a pattern with a '/' "
@@ -83,7 +88,12 @@ def pytest_configure(config: pytest.Config) -> None:
     selected_modes(config)  # a bad --mode is a usage error before collection
     # One bad scenario file is a collection error for that file only; the rest still runs.
     config.option.continue_on_collection_errors = True
-    runs_items = _runs_items(config)
+    replaying = bool(config.getoption("--replay-results"))
+    if replaying:
+        from harness.report import replay
+
+        replay.configure(config)
+    runs_items = _runs_items(config) and not replaying
     if runs_items:
         import torch
 
@@ -95,15 +105,30 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_results_key] = []
     config.pluginmanager.register(ResultsCollector(config), "graph-harness-results")
     config.pluginmanager.register(TerminalGlue(config), "graph-harness-terminal")
+    config.stash[_title_key] = title = "" if hasattr(config, "workerinput") else _title(config)
     if config.pluginmanager.hasplugin("html") and not hasattr(config, "workerinput"):  # where the page is written
-        from harness.report.html_hooks import COLLAPSED, HtmlReport, report_title
+        from harness.report.html_hooks import COLLAPSED, HtmlReport
 
-        title = report_title([str(arg) for arg in config.args], selected_modes(config), str(config.invocation_params.dir))
         # Only failed rows start open, unless the run set pytest-html's render_collapsed itself.
         collapsed = COLLAPSED if config.getini("render_collapsed") == "passed" else ""
         config.pluginmanager.register(HtmlReport(config.stash[_results_key], preload_charts=not runs_items,
                                                  title=title, collapsed=collapsed), "graph-harness-html")
-    _describe_environment(config)
+    if not replaying:  # a replay's table describes the run it replays (harness.report.replay)
+        _describe_environment(config)
+
+
+def _title(config: pytest.Config) -> str:
+    """The report page's title: what ran, in which modes, and which group of a split."""
+    from harness.report.suite import report_title
+
+    if config.getoption("--replay-results"):
+        from harness.report import replay
+
+        return replay.title(config)
+    title = report_title([str(arg) for arg in config.args], selected_modes(config), str(config.invocation_params.dir))
+    if pytest_groups.split_active(config):
+        title += f" (group {config.option.group} of {config.option.splits})"
+    return title
 
 
 def _runs_items(config: pytest.Config) -> bool:
@@ -285,7 +310,7 @@ class ResultsCollector:
         if not hasattr(self.config, "workerinput"):
             from harness.report.suite import add_suite_properties, run_info
 
-            self.run = run_info(self.config)
+            self.run = run_info(self.config, self.config.stash.get(_title_key, ""))
             add_suite_properties(self.config, self.run)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -299,15 +324,19 @@ class ResultsCollector:
         if hasattr(self.config, "workerinput"):
             return  # the controller writes the results of all workers
         path = self.config.getoption("--results-json")
-        if path is None and not self.records:
-            return
+        if path is None and (not self.records or self.config.getoption("--replay-results")):
+            return  # a replay writes a results file only where it is told to
         path = Path(path) if path else self.config.rootpath / DEFAULT_RESULTS_JSON
         from harness.report.suite import finish_run
 
+        run = finish_run(self.run)
+        split = pytest_groups.split_info(self.config)
+        if split is not None:
+            run["split"] = split
         try:
             if path.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "it is a directory")
-            write_results(path, self.records, finish_run(self.run))
+            write_results(path, self.records, run)
         except OSError as error:  # the other reports (HTML, junit) must still be written
             reason = error.strerror or type(error).__name__
             self.config.stash.setdefault(_report_errors_key, []).append(

@@ -26,6 +26,7 @@ from harness.plain import JsonObject
 from harness.report.html import (COLLAPSED, TABLE_COLUMNS, item_key, render_fragments, render_item, render_page,
                                  row_values)
 from harness.report.record import report_record
+from harness.report.suite import report_title
 
 __all__ = ["HtmlReport", "FRAGMENT_KEY", "attach_fragment", "report_title"]
 
@@ -41,22 +42,6 @@ def attach_fragment(report: pytest.TestReport, record: JsonObject) -> None:
     except Exception as error:  # noqa: BLE001 - a rendering bug must not lose the result
         fragment = f"<pre>graph-harness could not render this item: {html_escape.escape(repr(error))}</pre>"
     setattr(report, FRAGMENT_KEY, fragment)
-
-
-def report_title(args: list[str], modes: list[str] | None = None, cwd: str | None = None) -> str:
-    """The page's title says what ran: ``graph-harness: tests, scenarios`` for the whole test
-    suite, ``graph-harness: scenarios (FULL)`` for the scenario library in one mode (``args``:
-    what pytest collected from, relative to ``cwd`` where they lie below it)."""
-    cwd = cwd or os.getcwd()
-    names = []
-    for arg in args:
-        path, sep, rest = str(arg).partition("::")
-        relative = os.path.relpath(path, cwd) if os.path.isabs(path) else path
-        if relative.startswith(".."):
-            relative = path
-        names.append((os.path.basename(os.path.abspath(path)) if relative == "." else relative) + sep + rest)
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    return f"graph-harness: {shown or 'run'}" + (f" ({', '.join(modes)})" if modes else "")
 
 
 class _Page(Protocol):

@@ -8,6 +8,7 @@ writes the results file.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,8 +22,29 @@ if TYPE_CHECKING:
     import pytest
 
 
-def run_info(config: pytest.Config) -> JsonObject:
-    """The run record at its start, for a pytest ``config``."""
+#: The harness's options that decide what an item is and how it is judged: groups of one split
+#: (``graph-harness merge``) must agree on every one.
+RUN_OPTIONS = ("--backend", "--stack", "--mode", "--matrix", "--fia-contract", "--report-evidence")
+
+
+def report_title(args: list[str], modes: list[str] | None = None, cwd: str | None = None) -> str:
+    """The page's title says what ran: ``graph-harness: tests, scenarios`` for the whole test
+    suite, ``graph-harness: scenarios (FULL)`` for the scenario library in one mode (``args``:
+    what pytest collected from, relative to ``cwd`` where they lie below it)."""
+    cwd = cwd or os.getcwd()
+    names = []
+    for arg in args:
+        path, sep, rest = str(arg).partition("::")
+        relative = os.path.relpath(path, cwd) if os.path.isabs(path) else path
+        if relative.startswith(".."):
+            relative = path
+        names.append((os.path.basename(os.path.abspath(path)) if relative == "." else relative) + sep + rest)
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"graph-harness: {shown or 'run'}" + (f" ({', '.join(modes)})" if modes else "")
+
+
+def run_info(config: pytest.Config, title: str = "") -> JsonObject:
+    """The run record at its start, for a pytest ``config``; ``title`` is the report page's."""
     root = Path(config.rootpath)
     started = time.time()
     return {
@@ -30,11 +52,21 @@ def run_info(config: pytest.Config) -> JsonObject:
         "command": [Path(sys.argv[0]).name, *map(str, config.invocation_params.args)],
         "cwd": _relative(Path(config.invocation_params.dir), root),
         "root": root.name,
+        "title": title,
         "started": iso_time(started),
         "_started": started,
         **git_commit(root),
+        "options": _options(config),
         "environment": _environment(config.getoption("--backend")),
     }
+
+
+def _options(config: pytest.Config) -> JsonObject:
+    from harness.stacks import DEFAULT_STACK
+
+    options: JsonObject = {name.lstrip("-").replace("-", "_"): config.getoption(name) for name in RUN_OPTIONS}
+    options["stack"] = options["stack"] or DEFAULT_STACK  # no --stack models the default one
+    return options
 
 
 def _environment(backend: str) -> JsonObject:

@@ -12,6 +12,7 @@ claims the prose around them makes, checked on their output.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -64,6 +65,35 @@ COMMANDS = doc_commands()
 COLLECT_ONLY = {
     '.venv/bin/pytest scenarios/ -m "not slow" -n 2': "the whole library in every mode: 258 items, minutes",
     ".venv/bin/pytest scenarios/cross_product --matrix=full -n 2": "the nightly: 4,200 items",
+    ".venv/bin/pytest scenarios/cross_product --matrix=full --splits 4 --group 2 -n 2 "
+    "--results-json=reports/shard-2.json": "a quarter of the nightly: 1,050 items",
+}
+
+SAMPLE_RESULTS = ROOT / "tests/triage/data/same_commit_a.json"
+
+
+def _split_shards(reports: Path) -> None:
+    """Two groups' results files of one split, made from a real run's results (for ``merge``:
+    tests/triage/test_split.py runs real groups)."""
+    data = json.loads(SAMPLE_RESULTS.read_text())
+    nodeids = [item["nodeid"] for item in data["items"]]
+    for group in (1, 2):
+        items = data["items"][group - 1::2]
+        run = dict(data["run"], split={"splits": 2, "group": group, "algorithm": "least_duration",
+                                       "durations": {"path": ".test_durations", "found": False},
+                                       "collected": nodeids, "selected": [item["nodeid"] for item in items]})
+        (reports / f"shard-{group}.json").write_text(json.dumps(dict(data, run=run, items=items)))
+
+
+def _nightly_results(reports: Path) -> None:
+    (reports / "nightly.json").write_text(SAMPLE_RESULTS.read_text())
+
+
+#: Commands that read files an earlier command (or a night) made, and what makes them here.
+PREPARE = {
+    ".venv/bin/graph-harness merge reports/shard-*.json -o reports/nightly.json --html reports/nightly.html":
+        _split_shards,
+    ".venv/bin/graph-harness durations reports/nightly.json -o .test_durations": _nightly_results,
 }
 
 
@@ -94,6 +124,11 @@ CLAIMS = {
         lambda out, reports: "torch " in out and ("no device here" in out or (reports / "device-run/verdicts.txt").exists()),
     "graph-harness diff tests/triage/data/same_commit_a.json tests/triage/data/same_commit_b.json":
         lambda out, reports: out.splitlines()[1] == "no changes",
+    ".venv/bin/graph-harness merge reports/shard-*.json -o reports/nightly.json --html reports/nightly.html":
+        lambda out, reports: out.startswith("graph-harness merge: 87 items from 2 results files")
+        and len(read_fragments((reports / "nightly.html").read_text())) == 87,
+    ".venv/bin/graph-harness durations reports/nightly.json -o .test_durations":
+        lambda out, reports: len(json.loads((reports / ".test_durations").read_text())) == 87,
 }
 
 
@@ -105,6 +140,7 @@ def _environment() -> dict[str, str]:
 def _shell(text: str, reports: Path, timeout: int = 900) -> subprocess.CompletedProcess:
     text = re.sub(r"(?<![\w./])\.venv/bin/", f"{BIN}/", text)
     text = re.sub(r"(?<![\w./])reports/", f"{reports}/", text)
+    text = re.sub(r"(?<![\w./])\.test_durations\b", f"{reports}/.test_durations", text)  # never the committed one
     return subprocess.run(["bash", "-c", text], cwd=ROOT, env=_environment(), capture_output=True, text=True,
                           timeout=timeout)
 
@@ -127,7 +163,7 @@ def test_the_docs_have_commands_and_every_one_is_a_program_this_test_runs():
     assert len(COMMANDS) >= 10
     for command in COMMANDS:
         assert shlex.split(command.text)[0] in PROGRAMS, f"{command}: add this program to tests/docs/test_commands.py"
-    for text in (*COLLECT_ONLY, *CLAIMS):  # an entry for a command the docs no longer give is stale
+    for text in (*COLLECT_ONLY, *CLAIMS, *PREPARE):  # an entry for a command the docs no longer give is stale
         assert text in {c.text for c in COMMANDS}, text
 
 
@@ -149,6 +185,8 @@ def test_command_runs_as_printed(command: Command, tmp_path: Path):
         _collect_only(command.text, reports)
         return
     text = command.text
+    if command.text in PREPARE:
+        PREPARE[command.text](reports)
     if is_pytest and "--results-json" not in text:  # its default file, under the root's reports/
         text += " --results-json=reports/graph-harness-results.json"
     done = _shell(text, reports)

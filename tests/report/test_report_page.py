@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.report.browser import Chromium, find_chromium
+from harness.report.browser import Chromium
 from harness.report.html import read_fragments
+
+from tests.report.chromium import needs_chromium
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = """
@@ -59,6 +61,40 @@ def run(tmp_path_factory) -> dict:
     tests = {nodeid.split("::")[-1]: entries[-1] for nodeid, entries in data["tests"].items()}
     return {"project": project, "stdout": done.stdout, "page": page, "tests": tests,
             "path": project / "out" / "report.html"}
+
+
+def _page_data(page: str) -> dict:
+    blob = re.search(r'data-jsonblob="(.*?)"></div>', page, re.S)
+    assert blob, page[:2000]
+    data = json.loads(html.unescape(blob.group(1)))
+    return {nodeid: entries[-1] for nodeid, entries in data["tests"].items()}
+
+
+@pytest.fixture(scope="module")
+def replayed(run) -> dict:
+    """The same run's page rebuilt from its results file alone (what graph-harness merge writes)."""
+    from harness.report.replay import rebuild_reports
+
+    path = run["project"] / "out" / "replayed.html"
+    assert rebuild_reports(run["project"] / "out" / "r.json", html=str(path)) == 0
+    page = path.read_text()
+    return {"page": page, "path": path, "tests": {k.split("::")[-1]: v for k, v in _page_data(page).items()}}
+
+
+def test_a_page_rebuilt_from_the_results_file_is_the_runs_page(run, replayed):
+    """The merged nightly's page is drawn by the same hooks from the records: the same rows, result,
+    columns, fragments and summary as the page of the run itself."""
+    ran, again = run["tests"], replayed["tests"]
+    assert set(ran) == set(again)
+    for name, entry in ran.items():
+        for column in ("result", "mode", "features", "check", "step", "bucket"):
+            assert again[name][column] == entry[column], (name, column)
+        assert again[name]["testId"] == entry["testId"]
+    assert read_fragments(replayed["page"]) == read_fragments(run["page"])
+    summary = re.compile(r'<section id="gh-summary">.*?</section>', re.S)
+    assert summary.search(replayed["page"]).group(0) == summary.search(run["page"]).group(0)
+    title = '<title id="head-title">graph-harness: scenarios</title>'
+    assert title in run["page"] and title in replayed["page"]  # the run's title, not the replay's
 
 
 def test_columns_fragments_and_css_once(run):
@@ -110,8 +146,10 @@ def test_no_pytest_traceback_on_known_bad_items_and_a_useful_failure_line(run):
     assert out.count("graph-harness reports: HTML out/report.html, JSON out/r.json") == 1
 
 
-@pytest.mark.skipif(find_chromium() is None, reason="no chromium installed (Debian: apt-get install chromium)")
-def test_report_in_headless_chromium(run, tmp_path):
+@needs_chromium
+@pytest.mark.parametrize("which", ["run", "replayed"])
+def test_report_in_headless_chromium(which, request, tmp_path):
+    run = request.getfixturevalue(which)
     rows = "#results-table tbody.results-table-row"
     shown = f"[...document.querySelectorAll('{rows}')].filter(r => !r.hidden).length"
     # two frames and a moment: pytest-html's redraw, our filter, then the IntersectionObserver

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.report.browser import find_chromium
 from harness.report.results import item_record
 from harness.scenario import load_scenario_text
 from harness.session import run_point
@@ -24,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import report as report_bench  # noqa: E402
+
+from tests.report.chromium import needs_chromium  # noqa: E402
 
 TINY = """
 name: tiny
@@ -45,7 +46,7 @@ ROW_PX, OPEN_ROW_PX, FIXED_PX = 40, 4000, 6000
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(find_chromium() is None, reason="no chromium installed (Debian: apt-get install chromium)")
+@needs_chromium
 def test_a_nightly_sized_page_fits_the_window_and_opens_on_its_failures(tmp_path):
     templates = {}
     for outcome, text in TEMPLATES.items():

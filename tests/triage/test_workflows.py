@@ -55,32 +55,57 @@ def test_nightlies_run_nightly_through_the_shared_job_with_their_backend(name, b
         assert "ubuntu-latest" in labels
 
 
-def test_the_shared_nightly_uploads_fetches_the_baseline_diffs_and_gates():
+def test_the_shared_nightly_runs_groups_as_a_matrix_and_one_job_merges_them():
+    """Issue 42: the groups of a split as a job matrix (the group count an input), each uploading
+    its results, and a final job that merges them, gates and publishes one report."""
     data = _load("nightly-run.yml")
     inputs = data["on"]["workflow_call"]["inputs"]
-    assert {"target", "runs-on", "backend", "workflow-file", "setup"} <= set(inputs)
+    assert {"target", "runs-on", "backend", "workflow-file", "setup", "groups"} <= set(inputs)
     assert "--matrix=full" in inputs["pytest-args"]["default"]  # the full matrix at night
-    steps = _steps(data, "run")
+    jobs = data["jobs"]
+    assert jobs["run"]["needs"] == "plan" and jobs["merge"]["needs"] == "run"
+    assert jobs["run"]["strategy"]["matrix"]["group"] == "${{ fromJSON(needs.plan.outputs.groups) }}"
+    assert jobs["run"]["strategy"]["fail-fast"] is False and jobs["merge"]["if"] == "always()"
+    by_name = {s.get("name"): s for s in _steps(data, "run")}
+    run = by_name["Run the group"]["run"]
+    for option in ("--splits ${{ inputs.groups }}", "--group ${{ matrix.group }}", "--results-json=",
+                   "--junitxml=", "--backend="):
+        assert option in run
+    assert by_name["Run the group"]["continue-on-error"] is True  # the merge decides
+    upload = by_name["Upload the group's results"]
+    assert upload["if"] == "always()" and upload["with"]["name"] == "nightly-${{ inputs.target }}-group-${{ matrix.group }}"
+
+    steps = _steps(data, "merge")
     names = [s.get("name", s.get("uses")) for s in steps]
-    order = ["Find the previous successful night", "Fetch its results (the baseline)", "Run the scenario matrix",
-             "Upload HTML, JSON and junit", "Diff against the baseline"]
+    order = ["Fetch every group's results", "Find the previous successful night", "Fetch its results (the baseline)",
+             "Merge the groups", "Upload HTML, JSON and junit", "Diff against the baseline"]
     assert [n for n in names if n in order] == order
     by_name = {s.get("name"): s for s in steps}
-    run = by_name["Run the scenario matrix"]["run"]
-    for option in ("--html=", "--self-contained-html", "--results-json=", "--junitxml=", "--backend="):
-        assert option in run
-    assert by_name["Run the scenario matrix"]["continue-on-error"] is True  # the diff decides
+    fetch_groups = by_name["Fetch every group's results"]
+    assert fetch_groups["with"]["pattern"] == "nightly-${{ inputs.target }}-group-*"
+    merge = by_name["Merge the groups"]["run"]
+    assert "graph-harness merge" in merge and "--html" in merge and "--junitxml" in merge
+    assert 'exit "$status"' in merge and "GITHUB_STEP_SUMMARY" in merge  # a bad merge fails, and says why
+    assert "graph-harness durations" in merge
     upload = by_name["Upload HTML, JSON and junit"]
     assert upload["uses"].startswith("actions/upload-artifact@") and upload["if"] == "always()"
     assert upload["with"]["name"] == "nightly-${{ inputs.target }}"
-    assert {".html", ".json", ".xml"} == {Path(line.strip()).suffix for line in upload["with"]["path"].splitlines()}
+    assert {".html", ".json", ".xml"} <= {Path(line.strip()).suffix for line in upload["with"]["path"].splitlines()}
     fetch = by_name["Fetch its results (the baseline)"]
     assert fetch["uses"].startswith("actions/download-artifact@")
-    assert fetch["with"]["name"] == upload["with"]["name"]  # tonight's upload is tomorrow's baseline
+    assert fetch["with"]["name"] == upload["with"]["name"]  # tonight's merged upload is tomorrow's baseline
     assert fetch["with"]["run-id"] == "${{ steps.previous.outputs.run-id }}"
     diff = by_name["Diff against the baseline"]["run"]
     assert "graph-harness diff" in diff and "--format=markdown" in diff and "GITHUB_STEP_SUMMARY" in diff
     assert 'exit "$status"' in diff  # the diff's exit status is the job's
+
+
+@pytest.mark.parametrize("name", sorted(NIGHTLIES))
+def test_every_nightly_passes_a_group_count_it_takes_as_an_input(name):
+    data = _load(name)
+    assert data["on"]["workflow_dispatch"]["inputs"]["groups"]["type"] == "number"
+    (job,) = data["jobs"].values()
+    assert job["with"]["groups"].startswith("${{ inputs.groups || ")
 
 
 def test_the_gpu_night_runs_the_emulator_too_and_gates_on_the_verdicts():
@@ -91,14 +116,17 @@ def test_the_gpu_night_runs_the_emulator_too_and_gates_on_the_verdicts():
     data = _load("nightly-run.yml")
     assert data["on"]["workflow_call"]["inputs"]["reference-backend"]["default"] == ""
     by_name = {s.get("name"): s for s in _steps(data, "run")}
-    reference = by_name["Run the scenario matrix on the reference backend"]
+    reference = by_name["Run the group on the reference backend"]
     assert "inputs.reference-backend != ''" in reference["if"] and reference["continue-on-error"] is True
     assert "--backend=${{ inputs.reference-backend }}" in reference["run"]
     assert "${{ inputs.pytest-args }}" in reference["run"]  # the same selection as the device run
-    gate = by_name["Verdicts beside the reference backend"]
+    assert "--group ${{ matrix.group }}" in reference["run"]  # and the same group of it
+    merged = {s.get("name"): s for s in _steps(data, "merge")}
+    assert "graph-harness merge shards/reference/" in merged["Merge the reference backend's groups"]["run"]
+    gate = merged["Verdicts beside the reference backend"]
     assert "always()" in gate["if"] and "inputs.reference-backend != ''" in gate["if"]
     assert 'graph-harness verdicts "$reference" "$current"' in gate["run"] and 'exit "$status"' in gate["run"]
-    upload = by_name["Upload HTML, JSON and junit"]["with"]["path"]
+    upload = merged["Upload HTML, JSON and junit"]["with"]["path"]
     assert "nightly-${{ inputs.target }}-${{ inputs.reference-backend }}.json" in upload
 
 
