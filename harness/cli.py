@@ -7,6 +7,7 @@
     graph-harness narrow FILE.yaml::ITEM      the smallest scenario that still fails
     graph-harness durations RESULTS.json...   pytest-split's durations file from results files
     graph-harness merge SHARD.json... -o OUT  one results file (and --html page) from a split run's groups
+    graph-harness conformance                 the harness's start-up rules against upstream's executed code
 
 The scenario suite itself runs under pytest (``pytest scenarios/``); these tools read and
 write the same files. Subcommands import what they need when they run, so ``--help`` and
@@ -123,6 +124,19 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _conformance(args: argparse.Namespace) -> int:
+    from harness.upstream.conformance import random_points, render, run
+
+    try:
+        report = run(random_points(args.random, seed=args.seed), args.profile, progress=not args.quiet)
+    except (FileNotFoundError, RuntimeError) as error:
+        print(f"graph-harness conformance: {error}", file=sys.stderr)
+        return 2
+    if not _write("conformance", render(report, shown=args.shown), args.output):
+        return 2
+    return 1 if report.unrecorded or report.adapter_errors else 0
+
+
 def _narrow(args: argparse.Namespace) -> int:
     from harness.narrow import NarrowError, default_runner, find_point, narrow, render_report, split_target, write_minimal
 
@@ -211,6 +225,20 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--html", metavar="PATH", help="also write the HTML report of the merged run")
     merge.add_argument("--junitxml", metavar="PATH", help="also write a junit XML file of the merged run")
     merge.set_defaults(run=_merge)
+
+    conformance = commands.add_parser(
+        "conformance", help="the harness's start-up rules against vLLM / vLLM Ascend executed (needs make upstream)",
+        description="For seeded random points, compare the harness's start-up decisions (refusal, graph mode, "
+                    "capture sizes, dispatcher keys) with the answers of vLLM and vLLM Ascend's own code, "
+                    "executed in the upstream venv that `make upstream` creates. Exit 1 on a difference not "
+                    "recorded as intended, 2 when the upstream venv is missing.")
+    conformance.add_argument("--profile", default="v0.23.0", help="the upstream venv (default v0.23.0)")
+    conformance.add_argument("--random", type=int, default=2000, metavar="N", help="random points (default 2000)")
+    conformance.add_argument("--seed", type=int, default=0, help="the points' seed (default 0)")
+    conformance.add_argument("--shown", type=int, default=10, metavar="N", help="differences shown per rule")
+    conformance.add_argument("--output", "-o", metavar="PATH", help="write here instead of standard output")
+    conformance.add_argument("--quiet", "-q", action="store_true", help="no progress line")
+    conformance.set_defaults(run=_conformance)
 
     narrow = commands.add_parser(
         "narrow", help="delta-debug a failing item down to the smallest scenario that fails the same check",

@@ -4,7 +4,9 @@ A feature owns its place: the pipeline, the resolution, the checks and the repor
 for properties (``shards_model()``, ``token_multiple()``, ``label()``), so a feature that comes
 from outside meets every rule the built-in ones do. A name written elsewhere (``"sp"``,
 ``scenario.features.cp``) is a rule only the built-in feature gets. The model layer is left
-out: its parallel context names the mechanics a feature drives (``ParallelContext.sp``).
+out: its parallel context names the mechanics a feature drives (``ParallelContext.sp``), and so
+is the upstream room: its adapters write upstream's settings as scenario data, whose keys are
+the features' names as a scenario file writes them (``features: {mtp: ...}``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def test_no_feature_name_is_written_outside_its_module() -> None:
     own = {HARNESS / "features" / f"{name}.py" for name in names}
     found = [hit for path in sorted(HARNESS.rglob("*.py"))
              if path not in own and (HARNESS / "model") not in path.parents
+             and (HARNESS / "upstream") not in path.parents
              for hit in _mentions(path, names)]
     assert found == []
 
