@@ -141,9 +141,9 @@ def unsupported(point: JsonObject) -> str | None:
 
 def ranks(point: JsonObject) -> int:
     """Ranks a point's features spread it over: what an item of it costs, to first order."""
-    from harness.features import active_features, world_size
+    from harness.features import point_world_size
 
-    return world_size(active_features(point.get("features", {}), point.get("fixes", {})))
+    return point_world_size(point)
 
 
 def _pairwise_base(path: Path) -> JsonObject | None:

@@ -91,6 +91,14 @@ def world_size(features: Iterable[Feature]) -> int:
     return math.prod(f.world_size() for f in features if f.axis)
 
 
+def point_world_size(point: Mapping[str, object]) -> int:
+    """Ranks a raw scenario point (its ``features`` and ``fixes`` sections) spreads over: what
+    the matrix selection prices a point at and what a split counts an item's time by."""
+    features = point.get("features") or {}
+    fixes = point.get("fixes") or {}
+    return world_size(active_features(features, fixes))  # type: ignore[arg-type]  # raw sections, judged there
+
+
 def uniform_decode_query_len(features: Iterable[Feature]) -> int:
     """``q``: tokens per request in a uniform decode batch (1 + draft tokens)."""
     return 1 + sum(f.extra_query_tokens() for f in features)
@@ -163,6 +171,6 @@ __all__ = [
     "BUILTIN", "ENTRY_POINT_GROUP", "SINGLE_RANK", "ContextParallel", "DPDisagreement", "DataParallel", "Feature",
     "FeatureSettings", "FixSwitch", "ItemFeatures", "RankAxisFeature", "RankContext", "SequenceParallel", "SizeConstraint",
     "SpeculativeDecoding", "StepShape", "active_features", "all_fix_switches", "budget_inputs", "check_agreement",
-    "feature_label", "item_features", "ledger_colours", "model_problem", "registry",
+    "feature_label", "item_features", "ledger_colours", "model_problem", "point_world_size", "registry",
     "size_constraints", "uniform_decode_query_len", "unsupported_reason", "world_size",
 ]

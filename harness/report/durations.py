@@ -27,12 +27,10 @@ MIN_COST_S = 0.001
 def world_size(scenario: Mapping[str, object]) -> int:
     """The ranks an item's features spread it over, as the harness resolved them (1 when the
     scenario as run cannot be read: a record of an item that crashed before resolution)."""
-    from harness.features import active_features, world_size as features_world_size
+    from harness.features import point_world_size
 
     try:
-        features = scenario.get("features") or {}
-        fixes = scenario.get("fixes") or {}
-        return max(1, features_world_size(active_features(features, fixes)))  # type: ignore[arg-type]
+        return max(1, point_world_size(scenario))
     except (TypeError, ValueError, KeyError, AttributeError):
         return 1
 

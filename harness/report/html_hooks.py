@@ -16,7 +16,6 @@ the fragment says) are left out of pytest-html's data.
 from __future__ import annotations
 
 import html as html_escape
-import os
 import threading
 from typing import Protocol
 

@@ -169,14 +169,15 @@ def _items(shards: Sequence[Shard]) -> tuple[list[JsonObject], list[str]]:
     where: dict[str, list[str]] = {}
     problems = []
     for shard in shards:
+        have = set()
         for record in shard.data.get("items") or []:
             nodeid = str(record.get("nodeid") or record.get("key") or "")
             where.setdefault(nodeid, []).append(shard.name)
+            have.add(nodeid)
             records.append(record)
         split = shard.split
         if split is None:
             continue
-        have = {str(record.get("nodeid") or "") for record in shard.data.get("items") or []}
         chosen = set(split.get("selected") or [])
         if stray := have - chosen:
             problems.append(f"{shard.name} holds items its group did not select: {_names(stray)}")
@@ -192,11 +193,16 @@ def _items(shards: Sequence[Shard]) -> tuple[list[JsonObject], list[str]]:
     return records, problems
 
 
-def _time(text: object) -> float | None:
-    try:
-        return datetime.fromisoformat(str(text)).timestamp()
-    except ValueError:
-        return None
+def _times(shards: Sequence[Shard], field: str) -> dict[str, float]:
+    """Each shard's ``run[field]`` (an ISO time) -> its timestamp, the unreadable ones left out."""
+    found = {}
+    for shard in shards:
+        text = str(shard.run.get(field) or "")
+        try:
+            found[text] = datetime.fromisoformat(text).timestamp()
+        except ValueError:
+            continue
+    return found
 
 
 def _merged_run(shards: Sequence[Shard]) -> JsonObject:
@@ -205,14 +211,14 @@ def _merged_run(shards: Sequence[Shard]) -> JsonObject:
     ordered = sorted(shards, key=lambda shard: int((shard.split or {}).get("group") or 0))
     first = ordered[0].run
     run = {key: value for key, value in first.items() if key not in ("split", "command", "title")}
-    starts = [t for shard in ordered if (t := _time(shard.run.get("started"))) is not None]
-    ends = [t for shard in ordered if (t := _time(shard.run.get("finished"))) is not None]
+    starts = _times(ordered, "started")
+    ends = _times(ordered, "finished")
     if starts:
-        run["started"] = min((shard.run.get("started") for shard in ordered if shard.run.get("started")), key=str)
+        run["started"] = min(starts, key=starts.__getitem__)
     if ends:
-        run["finished"] = max((shard.run.get("finished") for shard in ordered if shard.run.get("finished")), key=str)
+        run["finished"] = max(ends, key=ends.__getitem__)
     if starts and ends:
-        run["duration"] = round(max(ends) - min(starts), 3)
+        run["duration"] = round(max(ends.values()) - min(starts.values()), 3)
     run["command"] = _without_group(first.get("command") or [])
     title = str(first.get("title") or "graph-harness")
     split = ordered[0].split

@@ -149,19 +149,16 @@ def _keys(answer: JsonObject) -> object:
 
 def compare(point: JsonObject, upstream: JsonObject, ours: JsonObject, report: Report) -> None:
     """Every rule of one point: the differences go into ``report``."""
-    def differ(rule: str, theirs: object, mine: object) -> None:
+    def differ(rule: str, theirs: object, mine: object, shown: tuple[object, object] | None = None) -> None:
         report.compared[rule] += 1
         if theirs == mine:
             return
         why = next((why for r, applies, why in RECORDED if r == rule and applies(point, upstream, ours)), "")
-        report.differences.append(Difference(rule, point, theirs, mine, why))
+        report.differences.append(Difference(rule, point, *(shown or (theirs, mine)), recorded=why))
 
     refused_up, refused_us = upstream.get("refused"), ours.get("refused")
-    differ("start-up", "refuses" if refused_up else "starts", "refuses" if refused_us else "starts")
+    differ("start-up", bool(refused_up), bool(refused_us), shown=(refused_up or "starts", refused_us or "starts"))
     if refused_up or refused_us:
-        if bool(refused_up) != bool(refused_us):  # the words, for the report
-            report.differences[-1] = Difference("start-up", point, refused_up or "starts", refused_us or "starts",
-                                                report.differences[-1].recorded)
         return
     differ("graph mode", upstream.get("mode"), ours.get("mode"))
     differ("capture sizes", upstream.get("sizes"), ours.get("sizes"))
